@@ -1,0 +1,1 @@
+// Compiled into modules that have no sources yet, so every module target exists.

@@ -1,0 +1,121 @@
+#pragma once
+/**
+ * @file config.hpp
+ * @brief The GHT_* configuration registry.
+ *
+ * Every option is declared once in tier/config_options.inc. Values are resolved, in increasing
+ * precedence: default < config file (GHT_CONFIG=path.toml, table [ght]) < environment < CLI flag.
+ * Parsing is strict: unknown GHT_* keys (with a suggestion of the nearest known name), malformed
+ * values, trailing garbage, out-of-range values and overflow all throw ght::config_error with a
+ * message naming the variable, the value and the accepted forms.
+ *
+ * Accepted forms:
+ *   Bool    1/0, true/false, yes/no, on/off (case-insensitive)
+ *   Size    bytes with optional suffix K/M/G/T (x1024), KB/MB/GB/TB (x1000), KiB/MiB/GiB/TiB,
+ *           decimals allowed ("1.5T"), or "NN%" of a capacity supplied by the caller
+ *   Int     decimal integer within the option's "lo:hi" range
+ *   Float   decimal number within the option's "lo:hi" range
+ *   Enum    one of the '|'-separated choices (case-insensitive)
+ *   String  any text
+ */
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ght::config {
+
+enum class Key {
+#define GHT_OPTION(name, type, def, choices, doc) name,
+#include "tier/config_options.inc"
+#undef GHT_OPTION
+  kCount
+};
+
+enum class Type { Bool, Size, Int, Float, Enum, String };
+enum class Source { Default, File, Env, Flag };
+
+[[nodiscard]] std::string_view to_string(Type t) noexcept;
+[[nodiscard]] std::string_view to_string(Source s) noexcept;
+
+/// Static description of one option (from config_options.inc).
+struct OptionSpec {
+  Key key;
+  std::string_view name;
+  Type type;
+  std::string_view default_text;
+  std::string_view choices;  ///< Enum: "a|b|c"; Int/Float: "lo:hi"; else empty
+  std::string_view doc;
+};
+
+/// All options, in declaration order.
+[[nodiscard]] const std::vector<OptionSpec>& options();
+/// Lookup by exact (case-insensitive) name; nullptr when unknown.
+[[nodiscard]] const OptionSpec* find_option(std::string_view name);
+/// The nearest known option name by edit distance (for "did you mean").
+[[nodiscard]] std::string_view nearest_option(std::string_view name);
+
+/// A size option's value: absolute bytes, or a fraction of a capacity ("40%").
+struct SizeValue {
+  std::uint64_t bytes = 0;
+  std::optional<double> fraction;  ///< set for "NN%"
+  /// Resolve against a capacity; throws config_error if a fraction is given and capacity is 0.
+  [[nodiscard]] std::uint64_t resolve(std::uint64_t capacity, std::string_view name = {}) const;
+};
+
+// ---- pure parsers (throw config_error naming `name` and `text`) ---------------------------------
+[[nodiscard]] bool parse_bool(std::string_view name, std::string_view text);
+[[nodiscard]] SizeValue parse_size(std::string_view name, std::string_view text);
+[[nodiscard]] std::int64_t parse_int(std::string_view name, std::string_view text,
+                                     std::string_view range = {});
+[[nodiscard]] double parse_float(std::string_view name, std::string_view text,
+                                 std::string_view range = {});
+[[nodiscard]] std::string parse_enum(std::string_view name, std::string_view text,
+                                     std::string_view choices);
+/// Human-readable byte count, e.g. "95.4 GiB".
+[[nodiscard]] std::string format_bytes(std::uint64_t bytes);
+
+/// The resolved configuration. Thread-safe for reads after load().
+class Registry {
+ public:
+  /// Resolve from defaults, GHT_CONFIG file, the given environment (nullptr = process environ).
+  /// Throws config_error on any unknown key or bad value, in any source.
+  void load(char** envp = nullptr);
+  /// Set from a CLI flag (highest precedence). Validates immediately.
+  void set_flag(std::string_view name, std::string_view value);
+  /// Set from a config-file value (used by load(); exposed for tests).
+  void load_file(const std::string& path);
+
+  [[nodiscard]] bool get_bool(Key k) const;
+  [[nodiscard]] SizeValue get_size(Key k) const;
+  [[nodiscard]] std::int64_t get_int(Key k) const;
+  [[nodiscard]] double get_float(Key k) const;
+  [[nodiscard]] std::string get_string(Key k) const;  ///< also for Enum (lower-case choice)
+  /// True when the effective value is the empty string (e.g. "auto" budgets).
+  [[nodiscard]] bool is_empty(Key k) const;
+  [[nodiscard]] Source source(Key k) const;
+  [[nodiscard]] std::string text(Key k) const;  ///< effective value as text
+
+  /// Table: name, value, source, default, doc.
+  [[nodiscard]] std::string format_table() const;
+  [[nodiscard]] std::string format_json() const;  ///< array of {name,type,value,source,default,doc}
+  [[nodiscard]] std::string format_markdown() const;  ///< reference table for the README
+
+  /// The process-wide registry, loaded lazily from the environment on first use.
+  static Registry& global();
+
+ private:
+  struct Entry {
+    std::string text;
+    Source source = Source::Default;
+  };
+  void set(Key k, std::string_view value, Source src);
+  std::map<Key, Entry> values_;
+};
+
+/// Shorthand for Registry::global().
+inline Registry& cfg() { return Registry::global(); }
+
+}  // namespace ght::config

@@ -1,0 +1,34 @@
+#pragma once
+/**
+ * @file cuda_check.hpp
+ * @brief GHT_CUDA_TRY: check a CUDA runtime call and throw ght::cuda_error on failure.
+ *
+ * Include only from sources compiled with GHT_HAVE_CUDA. The sticky error is cleared with
+ * cudaGetLastError() before throwing, so the caller can recover from non-fatal errors.
+ */
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "tier/error.hpp"
+
+namespace ght::detail {
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* call, const char* file,
+                                          int line) {
+  (void)cudaGetLastError();  // clear the sticky error
+  throw ght::cuda_error(std::string("CUDA error ") + cudaGetErrorName(err) + ": " +
+                        cudaGetErrorString(err) + " in " + call + " at " + file + ":" +
+                        std::to_string(line));
+}
+}  // namespace ght::detail
+
+#define GHT_CUDA_TRY(call)                                                 \
+  do {                                                                     \
+    cudaError_t ght_cuda_err_ = (call);                                    \
+    if (ght_cuda_err_ != cudaSuccess) [[unlikely]] {                       \
+      ::ght::detail::throw_cuda_error(ght_cuda_err_, #call, __FILE__, __LINE__); \
+    }                                                                      \
+  } while (0)
+
+/// Check the last kernel launch.
+#define GHT_CUDA_CHECK_LAUNCH() GHT_CUDA_TRY(cudaGetLastError())
