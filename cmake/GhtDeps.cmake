@@ -1,20 +1,25 @@
 # Finds every third-party dependency once, as imported targets. All come from Debian packages
 # (scripts/install-deps.sh) or from the CUDA toolkit.
-find_package(PkgConfig REQUIRED)
+
 find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(toml11 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(TBB REQUIRED)
-pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
-pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# hwloc and xxHash: plain header + library lookups, so that packages staged under a prefix
+# (tools/stage-deps.sh, CMAKE_PREFIX_PATH) are found as well as system ones.
+function(ght_find_c_library target header lib)
+  find_path(${target}_INCLUDE_DIR ${header} REQUIRED)
+  find_library(${target}_LIBRARY ${lib} REQUIRED)
+  add_library(${target} INTERFACE)
+  target_include_directories(${target} SYSTEM INTERFACE ${${target}_INCLUDE_DIR})
+  target_link_libraries(${target} INTERFACE ${${target}_LIBRARY})
+endfunction()
+ght_find_c_library(ght_hwloc hwloc.h hwloc)
+ght_find_c_library(ght_xxhash xxhash.h xxhash)
 
-find_path(NUMA_INCLUDE_DIR numa.h REQUIRED)
-find_library(NUMA_LIBRARY numa REQUIRED)
-add_library(ght_numa INTERFACE)
-target_include_directories(ght_numa SYSTEM INTERFACE ${NUMA_INCLUDE_DIR})
-target_link_libraries(ght_numa INTERFACE ${NUMA_LIBRARY})
+ght_find_c_library(ght_numa numa.h numa)
 
 if(GHT_BUILD_TESTS)
   find_package(GTest REQUIRED)

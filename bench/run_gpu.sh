@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, run the GPU tests, run the benchmarks, print a short table.
+#
+# Usage (on the GPU machine, repo root):
+#   source .deps/env.sh && bench/run_gpu.sh [STAGE ...]
+# Stages (default: all, in this order):
+#   build probe test sanitizer torch interop bench-alloc bench-opt bench-kernels train
+# Output: everything goes to stdout and to $OUT/run.log (or build-gpu/run.log without $OUT);
+# JSON results are collected into $OUT/results.tgz. GPU tests run with GHT_TEST_REQUIRE_GPU=1, so
+# a missing device fails them instead of skipping.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out=${OUT:-$root/build-gpu/out}
+mkdir -p "$out" "$root/build-gpu/results"
+res=$root/build-gpu/results
+log=$out/run.log
+exec > >(tee -a "$log") 2>&1
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build probe test sanitizer torch interop bench-alloc bench-opt bench-kernels train)
+export GHT_TEST_REQUIRE_GPU=1
+export PYTHONUNBUFFERED=1
+declare -A status
+ght=$root/build-gpu/bin/ght
+want() { local s; for s in "${stages[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+run_stage() {  # run_stage NAME CMD...: time it, record ok/FAIL
+  local name=$1; shift
+  echo; echo "=== [$name] $(date -u +%FT%TZ) :: $*"
+  local t0=$SECONDS
+  if "$@"; then status[$name]="ok ($((SECONDS - t0)) s)"; else status[$name]="FAIL rc=$? ($((SECONDS - t0)) s)"; fi
+}
+
+echo "ghtier GPU run, $(date -u +%FT%TZ), $(hostname)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+nvcc --version | tail -1; cmake --version | head -1; nproc; free -g | head -2
+
+if want build; then
+  run_stage build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGHT_CUDA_ARCH=90 >build-gpu/configure.log 2>&1 || { cat build-gpu/configure.log; exit 1; }; cmake --build build-gpu -j\$(nproc) 2>&1 | grep -E 'error|warning|FAILED|Linking CXX executable bin/ght$' ; exit \${PIPESTATUS[0]}"
+fi
+if want probe; then
+  run_stage probe bash -c "GHT_CACHE_DIR=$res $ght info --probe && $ght info --probe --json > $res/info_probe.json"
+fi
+if want test; then
+  run_stage test ctest --test-dir build-gpu --output-on-failure -j4 --timeout 600
+fi
+if want sanitizer; then
+  # Device tests under compute-sanitizer memcheck with the direct (cudaMalloc) device resource.
+  san() {
+    local bins; bins=$(ls build-gpu/bin/alloc_*_test 2>/dev/null | head -5)
+    [ -n "$bins" ] || { echo "no alloc tests built"; return 1; }
+    local rc=0 b
+    for b in $bins; do
+      GHT_DEVICE_POOL=direct compute-sanitizer --tool memcheck --error-exitcode 9 "$b" --gtest_filter='*evice*' --gtest_brief=1 || rc=1
+    done
+    return $rc
+  }
+  run_stage sanitizer san
+fi
+if want torch; then
+  run_stage torch bash -c "GHT_TORCH_TIER=hbm python3 examples/torch_pluggable.py build-gpu/lib/libghtier.so && GHT_TORCH_TIER=host python3 examples/torch_pluggable.py build-gpu/lib/libghtier.so"
+fi
+if want interop; then
+  [ -f tests/interop/check_hf.py ] && run_stage interop python3 tests/interop/check_hf.py --ght "$ght" --work build-gpu/interop
+fi
+if want bench-alloc; then
+  b=$(ls build-gpu/bin/bench_alloc* 2>/dev/null | head -1)
+  [ -n "$b" ] && run_stage bench-alloc "$b" --benchmark_out="$res/bench_alloc.json" --benchmark_out_format=json
+fi
+if want bench-opt; then
+  b=$(ls build-gpu/bin/bench_optimizer* 2>/dev/null | head -1)
+  [ -n "$b" ] && run_stage bench-opt "$b" --json "$res/bench_optimizer.json"
+  [ -f bench/optimizer/torch_baseline.py ] && run_stage torch-adamw python3 bench/optimizer/torch_baseline.py --json "$res/torch_adamw.json"
+fi
+if want bench-kernels; then
+  for b in build-gpu/bin/bench_expert_gemm build-gpu/bin/bench_kernels; do
+    [ -x "$b" ] && run_stage "$(basename "$b")" "$b" --json "$res/$(basename "$b").json"
+  done
+fi
+if want train; then
+  [ -f bench/train_gpu.sh ] && run_stage train bash bench/train_gpu.sh "$ght" "$res"
+fi
+
+tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
+echo; echo "=== summary"
+printf '| %-16s | %-24s |\n' stage status
+printf '|%s|%s|\n' "------------------" "--------------------------"
+for s in build probe test sanitizer torch interop bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train; do
+  [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
+done
+fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done
+exit $fail
