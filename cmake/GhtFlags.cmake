@@ -6,15 +6,18 @@ target_compile_options(ght_flags INTERFACE
 
 # Architecture flags depend on the target: Grace (aarch64) and x86-64 both build; no x86-only
 # flag is ever applied to an aarch64 build.
+# Portable by default (binaries may move between machines); -DGHT_TUNE_NATIVE=ON tunes for the
+# build machine's CPU. (A CMake option, not a GHT_* environment variable: those are runtime
+# options and the registry rejects unknown ones.)
+option(GHT_TUNE_NATIVE "Tune host code for the build machine's CPU" OFF)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$")
-  set(GHT_ARCH_FLAGS -mcpu=native)
-  if(DEFINED ENV{GHT_PORTABLE})
-    set(GHT_ARCH_FLAGS -march=armv8.2-a)
+  set(GHT_ARCH_FLAGS -march=armv8.2-a)
+  if(GHT_TUNE_NATIVE)
+    set(GHT_ARCH_FLAGS -mcpu=native)
   endif()
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64)$")
-  # Portable by default (CI binaries may move between machines); GHT_NATIVE=1 tunes for this CPU.
   set(GHT_ARCH_FLAGS -march=x86-64-v2)
-  if(DEFINED ENV{GHT_NATIVE})
+  if(GHT_TUNE_NATIVE)
     set(GHT_ARCH_FLAGS -march=native)
   endif()
 else()
