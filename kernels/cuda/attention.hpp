@@ -1,0 +1,91 @@
+#pragma once
+/**
+ * @file attention.hpp
+ * @brief Causal grouped-query attention on the GPU, forward and backward; mirrors
+ * kernels/cpu/attention.hpp (scale 1/sqrt(D), query head h uses kv head h / (H/KV), query i sees
+ * key j iff j <= i and, with doc_ids, doc_ids[b, j] == doc_ids[b, i]; lse saved for the backward).
+ *
+ * Two implementations behind one call:
+ *   cudnn     cuDNN's fused flash attention (SDPA) built through the cuDNN backend graph API
+ *             (attention_cudnn.cu), bf16 I/O with fp32 softmax statistics, execution plans cached
+ *             by shape. Plain causal masking only (no doc_ids), head_dim <= 128 and a multiple of 8,
+ *             row strides multiples of 8.
+ *   fallback  straightforward CUDA kernels (attention.cu): warp per query (forward, dq) or per
+ *             key (dk, dv), keys/queries staged through shared memory in tiles of 32, fp32
+ *             math, online softmax; any even D <= 256, doc_ids supported. Correct, not fast.
+ *             Deterministic (no atomics).
+ *   automatic cudnn when the shape is supported and cuDNN builds a plan for it, else fallback.
+ *
+ * Tensors are token-major: q/out (B, T, H, D), k/v (B, T, KV, D). Row strides (elements between
+ * consecutive tokens; 0 = packed H·D or KV·D) let q, k, v be slices of a fused qkv projection.
+ * lse is (B, H, T) fp32 natural-log logsumexp of the scaled scores, as the CPU op saves it.
+ *
+ * FLOPs (causal): forward 2·B·H·T²·D (≈ 4·B·H·D·T²/2), backward 2.5x that. Bytes: forward
+ * 2·(2·B·T·H·D + 2·B·T·KV·D) + 4·B·H·T.
+ */
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string_view>
+
+namespace ght::kernels::cuda {
+
+enum class AttentionImpl : int { automatic = 0, cudnn = 1, fallback = 2 };
+
+[[nodiscard]] std::string_view to_string(AttentionImpl impl) noexcept;
+
+struct AttentionShape {
+  int B = 0, T = 0, H = 0, KV = 0, D = 0;
+  /// Row strides in elements (0 = packed): q_row/o_row for (B,T,H,D) tensors, k_row/v_row for
+  /// (B,T,KV,D). The same strides apply to the gradients (dq, dout like q/out; dk, dv like k, v).
+  std::int64_t q_row = 0, k_row = 0, v_row = 0, o_row = 0;
+};
+
+/**
+ * @brief out, lse = attention(q, k, v).
+ * @param out (B, T, H, D) overwritten   @param lse (B, H, T) fp32 overwritten
+ * @param doc_ids (B, T) device ids or nullptr (plain causal; cuDNN needs nullptr)
+ * @return the implementation that ran
+ * @throws ght::logic_error on bad shapes or when `impl` = cudnn cannot run this case;
+ *         ght::cuda_error on CUDA/cuDNN failures
+ */
+AttentionImpl attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                                const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                const std::int32_t* doc_ids, const AttentionShape& shape,
+                                AttentionImpl impl, cudaStream_t stream);
+
+/**
+ * @brief Backward of attention_forward; dq, dk, dv are overwritten. Use the same implementation
+ * as the forward (cuDNN's lse and the fallback's agree, so mixing is allowed but pointless).
+ * @param dout (B, T, H, D)   @param out, lse as produced by the forward
+ */
+AttentionImpl attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                 const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                 const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                 const __nv_bfloat16* out, const float* lse,
+                                 const std::int32_t* doc_ids, const AttentionShape& shape,
+                                 AttentionImpl impl, cudaStream_t stream);
+
+/// Whether this build has cuDNN and the shape/layout is one the cuDNN path accepts (it may still
+/// fail to find an engine at run time; automatic then falls back).
+[[nodiscard]] bool cudnn_attention_supported(const AttentionShape& shape, bool has_doc_ids);
+
+/// Drop cached cuDNN plans and handles (tests and shutdown; no attention may be in flight).
+void release_attention_resources();
+
+namespace detail {
+// Implemented in attention_cudnn.cu (or as throwing stubs when cuDNN is absent).
+bool cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                             const __nv_bfloat16* k, const __nv_bfloat16* v,
+                             const AttentionShape& s, cudaStream_t stream, bool throw_on_failure);
+bool cudnn_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                              const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                              const __nv_bfloat16* k, const __nv_bfloat16* v,
+                              const __nv_bfloat16* out, const float* lse,
+                              const AttentionShape& s, cudaStream_t stream, bool throw_on_failure);
+void cudnn_attention_release();
+bool cudnn_attention_compiled();  ///< false when built without cuDNN headers
+}  // namespace detail
+
+}  // namespace ght::kernels::cuda

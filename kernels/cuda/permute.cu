@@ -1,0 +1,291 @@
+// Token permutation by a stable counting sort, gather and combine (see permute.hpp).
+#include "kernels/cuda/permute.hpp"
+
+#include <string>
+
+#include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/scratch.hpp"
+#include "tier/cuda_check.hpp"
+#include "tier/error.hpp"
+
+namespace ght::kernels::cuda {
+namespace {
+
+using detail::bf16;
+
+constexpr int kTileThreads = 256;             // 8 warps
+constexpr int kTileWarps = kTileThreads / 32;
+constexpr int kRounds = 4;                    // a tile is kRounds·256 consecutive assignments
+constexpr int kTile = kTileThreads * kRounds;
+constexpr int kMaxExperts = 1024;
+
+// 1. counts[tile][e] = number of assignments of the tile routed to e (integer atomics: exact).
+__global__ void tile_histogram_kernel(const std::int32_t* __restrict__ idx, std::int64_t A, int E,
+                                      int* __restrict__ counts) {
+  extern __shared__ int hist[];  // (E)
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  const std::int64_t a0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+    const std::int64_t a = a0 + i;
+    if (a < A) {
+      const int e = idx[a];
+      if (e >= 0 && e < E) atomicAdd(&hist[e], 1);
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    counts[static_cast<std::int64_t>(blockIdx.x) * E + e] = hist[e];
+}
+
+// 2. One block, thread e per expert (E <= 1024): offsets = exclusive scan of the totals over e;
+// counts[tile][e] becomes the first row of (tile, e): offset_e + sum over earlier tiles.
+__global__ void scan_kernel(int* __restrict__ counts, int tiles, int E,
+                            std::int32_t* __restrict__ offsets) {
+  __shared__ int buf[2][kMaxExperts];
+  const int e = threadIdx.x;
+  int total = 0;
+  if (e < E)
+    for (int t = 0; t < tiles; ++t) total += counts[static_cast<std::int64_t>(t) * E + e];
+  // Hillis-Steele inclusive scan over the experts, then shift to exclusive.
+  int cur = 0;
+  buf[cur][e] = e < E ? total : 0;
+  __syncthreads();
+  for (int o = 1; o < static_cast<int>(blockDim.x); o *= 2) {
+    const int v = buf[cur][e] + (e >= o ? buf[cur][e - o] : 0);
+    buf[cur ^ 1][e] = v;
+    cur ^= 1;
+    __syncthreads();
+  }
+  const int incl = buf[cur][e];
+  if (e < E) {
+    int run = incl - total;
+    offsets[e] = run;
+    for (int t = 0; t < tiles; ++t) {
+      int* c = counts + static_cast<std::int64_t>(t) * E + e;
+      const int n = *c;
+      *c = run;
+      run += n;
+    }
+    if (e == E - 1) offsets[E] = incl;
+  }
+}
+
+// 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256; within a round a
+// thread's rank is (same expert in earlier lanes of its warp: __match_any_sync) + (same expert in
+// earlier warps) + (the tile's running row for that expert).
+__global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_t A, int K, int E,
+                               const int* __restrict__ base, std::int32_t* __restrict__ src_token,
+                               std::int32_t* __restrict__ dst_row) {
+  extern __shared__ int smem[];
+  int* running = smem;               // (E)
+  int* warp_hist = smem + E;         // (kTileWarps, E)
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    running[e] = base[static_cast<std::int64_t>(blockIdx.x) * E + e];
+  const unsigned lt = (1u << lane) - 1u;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = threadIdx.x; i < kTileWarps * E; i += blockDim.x) warp_hist[i] = 0;
+    __syncthreads();
+    const std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * kTile + round * kTileThreads +
+                           threadIdx.x;
+    int e = -1;
+    if (a < A) {
+      e = idx[a];
+      if (e < 0 || e >= E) e = -1;
+    }
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & lt);
+    if (e >= 0 && rank == 0) warp_hist[warp * E + e] = __popc(peers);
+    __syncthreads();
+    if (a < A) {
+      if (e >= 0) {
+        int r = running[e] + rank;
+        for (int w = 0; w < warp; ++w) r += warp_hist[w * E + e];
+        src_token[r] = static_cast<std::int32_t>(a / K);
+        dst_row[a] = r;
+      } else {
+        dst_row[a] = -1;
+      }
+    }
+    __syncthreads();
+    for (int x = threadIdx.x; x < E; x += blockDim.x) {
+      int s = 0;
+      for (int w = 0; w < kTileWarps; ++w) s += warp_hist[w * E + x];
+      running[x] += s;
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kWarpsPerBlock = 8;
+
+// Warp per permuted row: xp[r] = x[src_token[r]].
+template <int VEC>
+__global__ void gather_kernel(bf16* __restrict__ xp, const bf16* __restrict__ x,
+                              const std::int32_t* __restrict__ src_token, std::int64_t rows, int C) {
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const std::int32_t t = src_token[r];
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float v[VEC];
+    detail::load_vec<VEC>(x + static_cast<std::int64_t>(t) * C + c, v);
+    detail::store_vec<VEC>(xp + r * C + c, v);
+  }
+}
+
+// Warp per token: out[t] = sum_k (w ? w[t,k] : 1)·src[dst_row[t·K+k]], k in order, fp32.
+template <int VEC, bool WEIGHTED>
+__global__ void combine_kernel(bf16* __restrict__ out, const bf16* __restrict__ src,
+                               const float* __restrict__ w, const std::int32_t* __restrict__ dst_row,
+                               std::int64_t N, int K, int C) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= N) return;
+  const int lane = threadIdx.x % 32;
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+    for (int k = 0; k < K; ++k) {
+      const std::int32_t r = dst_row[t * K + k];
+      if (r < 0) continue;
+      const float wk = WEIGHTED ? w[t * K + k] : 1.0f;
+      float v[VEC];
+      detail::load_vec<VEC>(src + static_cast<std::int64_t>(r) * C + c, v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += wk * v[j];
+    }
+    detail::store_vec<VEC>(out + t * C + c, acc);
+  }
+}
+
+// Warp per token: dyp[row_k] = w[t,k]·dout[t]; dtopk_w[t,k] = dot(dout[t], yp[row_k]).
+template <int VEC>
+__global__ void combine_backward_kernel(bf16* __restrict__ dyp, float* __restrict__ dtopk_w,
+                                        const bf16* __restrict__ dout, const bf16* __restrict__ yp,
+                                        const float* __restrict__ w,
+                                        const std::int32_t* __restrict__ dst_row, std::int64_t N,
+                                        int K, int C) {
+  const std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= N) return;
+  const int lane = threadIdx.x % 32;
+  for (int k = 0; k < K; ++k) {
+    const std::int32_t r = dst_row[t * K + k];
+    if (r < 0) {
+      if (lane == 0) dtopk_w[t * K + k] = 0.0f;
+      continue;
+    }
+    const float wk = w[t * K + k];
+    float dot = 0.0f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+      float g[VEC], y[VEC], d[VEC];
+      detail::load_vec<VEC>(dout + t * C + c, g);
+      detail::load_vec<VEC>(yp + static_cast<std::int64_t>(r) * C + c, y);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        dot += g[j] * y[j];
+        d[j] = wk * g[j];
+      }
+      detail::store_vec<VEC>(dyp + static_cast<std::int64_t>(r) * C + c, d);
+    }
+    dot = detail::warp_sum(dot);
+    if (lane == 0) dtopk_w[t * K + k] = dot;
+  }
+}
+
+void check(const char* op, std::int64_t N, int K, int C) {
+  GHT_EXPECTS(N >= 0 && K >= 1 && C >= 1, std::string(op) + ": need N >= 0, K >= 1, C >= 1, got N=" +
+                                              std::to_string(N) + " K=" + std::to_string(K) +
+                                              " C=" + std::to_string(C));
+  GHT_EXPECTS(N * K <= 0x7fffffff, std::string(op) + ": N·K=" + std::to_string(N * K) +
+                                       " exceeds int32 row ids");
+}
+
+unsigned blocks_for_warps(std::int64_t n) {
+  return static_cast<unsigned>(detail::ceil_div(n, kWarpsPerBlock));
+}
+
+}  // namespace
+
+void moe_permute_plan(std::int32_t* expert_offsets, std::int32_t* src_token, std::int32_t* dst_row,
+                      const std::int32_t* topk_idx, std::int64_t N, int K, int E,
+                      cudaStream_t stream) {
+  check("moe_permute_plan", N, K, 1);
+  GHT_EXPECTS(E >= 1 && E <= kMaxExperts, "moe_permute_plan: experts E=" + std::to_string(E) +
+                                              " must be in [1, " + std::to_string(kMaxExperts) + "]");
+  const std::int64_t A = N * K;
+  if (A == 0) {
+    GHT_CUDA_TRY(cudaMemsetAsync(expert_offsets, 0, (static_cast<std::size_t>(E) + 1) * sizeof(std::int32_t), stream));
+    return;
+  }
+  const int tiles = static_cast<int>(detail::ceil_div(A, kTile));
+  auto* counts = static_cast<int*>(
+      stream_scratch(stream, static_cast<std::size_t>(tiles) * E * sizeof(int)));
+  tile_histogram_kernel<<<tiles, kTileThreads, E * sizeof(int), stream>>>(topk_idx, A, E, counts);
+  GHT_CUDA_CHECK_LAUNCH();
+  const int scan_threads = static_cast<int>(detail::ceil_div(E, 32) * 32);
+  scan_kernel<<<1, scan_threads, 0, stream>>>(counts, tiles, E, expert_offsets);
+  GHT_CUDA_CHECK_LAUNCH();
+  const std::size_t smem = static_cast<std::size_t>(E) * (1 + kTileWarps) * sizeof(int);
+  if (smem > 48 * 1024) {
+    GHT_CUDA_TRY(cudaFuncSetAttribute(scatter_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  }
+  scatter_kernel<<<tiles, kTileThreads, smem, stream>>>(topk_idx, A, K, E, counts, src_token,
+                                                        dst_row);
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_permute_forward(bf16* xp, const bf16* x, const std::int32_t* src_token, std::int64_t N,
+                         int K, int C, cudaStream_t stream) {
+  check("moe_permute_forward", N, K, C);
+  const std::int64_t rows = N * K;
+  if (rows == 0) return;
+  if (C % 8 == 0 && detail::aligned16(xp, x)) {
+    gather_kernel<8><<<blocks_for_warps(rows), kWarpsPerBlock * 32, 0, stream>>>(xp, x, src_token, rows, C);
+  } else {
+    gather_kernel<1><<<blocks_for_warps(rows), kWarpsPerBlock * 32, 0, stream>>>(xp, x, src_token, rows, C);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_permute_backward(bf16* dx, const bf16* dxp, const std::int32_t* dst_row, std::int64_t N,
+                          int K, int C, cudaStream_t stream) {
+  check("moe_permute_backward", N, K, C);
+  if (N == 0) return;
+  if (C % 8 == 0 && detail::aligned16(dx, dxp)) {
+    combine_kernel<8, false><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(dx, dxp, nullptr, dst_row, N, K, C);
+  } else {
+    combine_kernel<1, false><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(dx, dxp, nullptr, dst_row, N, K, C);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_unpermute_forward(bf16* out, const bf16* yp, const float* topk_w,
+                           const std::int32_t* dst_row, std::int64_t N, int K, int C,
+                           cudaStream_t stream) {
+  check("moe_unpermute_forward", N, K, C);
+  if (N == 0) return;
+  if (C % 8 == 0 && detail::aligned16(out, yp)) {
+    combine_kernel<8, true><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(out, yp, topk_w, dst_row, N, K, C);
+  } else {
+    combine_kernel<1, true><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(out, yp, topk_w, dst_row, N, K, C);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void moe_unpermute_backward(bf16* dyp, float* dtopk_w, const bf16* dout, const bf16* yp,
+                            const float* topk_w, const std::int32_t* dst_row, std::int64_t N, int K,
+                            int C, cudaStream_t stream) {
+  check("moe_unpermute_backward", N, K, C);
+  if (N == 0) return;
+  if (C % 8 == 0 && detail::aligned16(dyp, dout, yp)) {
+    combine_backward_kernel<8><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(dyp, dtopk_w, dout, yp, topk_w, dst_row, N, K, C);
+  } else {
+    combine_backward_kernel<1><<<blocks_for_warps(N), kWarpsPerBlock * 32, 0, stream>>>(dyp, dtopk_w, dout, yp, topk_w, dst_row, N, K, C);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace ght::kernels::cuda
