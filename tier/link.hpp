@@ -35,6 +35,9 @@ struct LinkNumbers {
 /// Built-in profiles: "gh200", "pcie5", "none". Throws ght::logic_error for other names.
 LinkNumbers builtin_profile(const std::string& name);
 
+/// The built-in profile of a link kind: c2c -> gh200, pcie -> pcie5, none -> none.
+LinkNumbers builtin_profile_for(LinkKind kind);
+
 /// Resolve the numbers per GHT_LINK_PROFILE (see file comment).
 LinkNumbers resolve_link_numbers();
 

@@ -41,6 +41,10 @@ struct GpuInfo {
   bool host_native_atomics = false;
   bool concurrent_managed_access = false;
   bool can_use_host_pointer_for_registered_mem = false;
+  /// NUMA node of this GPU's HBM when the driver exposes it as one (GH200), else -1.
+  int memory_numa_node = -1;
+  /// Host NUMA node the driver reports as closest (cudaDevAttrHostNumaId), else -1.
+  int driver_host_numa_node = -1;
 };
 
 struct Topology {
