@@ -1,0 +1,43 @@
+#pragma once
+/**
+ * @file train.hpp
+ * @brief The training loop: micro-batches with gradient accumulation, AdamW from optimizer/,
+ * LR schedule, periodic eval on held-out shards, logging, atomic checkpoints with exact resume,
+ * and SIGTERM/SIGINT save-and-exit.
+ *
+ * Backends: `cpu` is the fp32 OpenMP reference backend (trainer/model.hpp). `cuda` is the GPU
+ * backend of the trainer; until it exists, asking for it is an error, and `auto` picks `cpu`
+ * with a message saying so.
+ */
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "trainer/train_config.hpp"
+
+namespace ght::trainer {
+
+struct TrainRunOptions {
+  std::string resume;                ///< "": fresh start; "auto": newest good checkpoint in out; else a checkpoint dir
+  std::optional<std::int64_t> stop_at;  ///< stop (with a checkpoint) after this step, schedule unchanged
+  bool quiet = false;                ///< no console output (tests)
+};
+
+struct TrainSummary {
+  std::int64_t first_step = 0;       ///< 0 on a fresh start, the checkpoint's step on resume
+  std::int64_t last_step = 0;
+  double last_loss = 0;              ///< training loss of the last step
+  std::optional<double> eval_loss;   ///< last eval (nats/token)
+  std::string last_checkpoint;
+  bool stopped_by_signal = false;
+  std::string backend;
+};
+
+/// Run training; returns after `steps` (or stop_at, or a stop signal) with a final checkpoint.
+TrainSummary train(const TrainConfig& cfg, const TrainRunOptions& run = {});
+
+/// Mean cross-entropy (nats/token) of a CPU model over `batches` batches of the val shards.
+template <class Model>
+double evaluate(Model& model, const std::string& data, int batches, int B, int T);
+
+}  // namespace ght::trainer

@@ -1,0 +1,62 @@
+#pragma once
+/**
+ * @file train_config.hpp
+ * @brief The resolved configuration of a training run, from a preset, a TOML file and overrides.
+ *
+ * TOML layout (files under configs/); every key is optional and unknown keys are errors:
+ *   [model]      preset = "tiny" plus any ModelConfig field (d_model, layers, heads, kv_heads,
+ *                head_dim, experts, top_k, expert_ffn, norm_topk_prob, rope_theta, vocab,
+ *                tied_embeddings, rms_eps, aux_loss_coef, z_loss_coef, seq_len, micro_batch,
+ *                grad_accum)
+ *   [train]      data, out, steps, eval_every, eval_batches, ckpt_every, keep, seed, backend,
+ *                log_every, threads
+ *   [optimizer]  beta1, beta2, eps, weight_decay, max_grad_norm
+ *   [schedule]   kind (cosine|linear|wsd|constant), lr, min_lr, warmup_steps, decay_fraction
+ * Overrides use the same names: "model.d_model=128", "train.steps=500", "schedule.lr=1e-3".
+ */
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "optimizer/adamw_kernels.hpp"
+#include "trainer/model_config.hpp"
+#include "trainer/schedule.hpp"
+
+namespace ght::trainer {
+
+struct TrainConfig {
+  ModelConfig model;
+  ScheduleConfig schedule;     ///< total_steps follows `steps`
+  optimizer::AdamWHyper adam;
+  std::string data = "build/data/demo";  ///< directory or glob of train_*/val_* shards
+  std::string out = "runs/tiny";         ///< run directory: checkpoints, log.jsonl
+  std::int64_t steps = 1000;
+  std::int64_t eval_every = 100;         ///< 0: only at the end
+  int eval_batches = 8;
+  std::int64_t ckpt_every = 0;           ///< 0: only at the end (and on SIGTERM/SIGINT)
+  int keep = 3;                          ///< committed checkpoints kept
+  std::uint64_t seed = 1337;             ///< init and data order
+  std::string backend = "auto";          ///< auto | cpu | cuda
+  std::int64_t log_every = 1;
+  int threads = 0;                       ///< OpenMP threads for the CPU backend; 0 = all
+
+  /// Checks every field; throws ght::logic_error naming the section.key and the value.
+  void validate() const;
+  [[nodiscard]] nlohmann::ordered_json to_json() const;
+  /// Inverse of to_json (checkpoints store the resolved config).
+  static TrainConfig from_json(const nlohmann::json& j);
+};
+
+/**
+ * @brief Resolve a run configuration.
+ * @param preset model preset name, used when neither the file nor an override sets model.preset
+ * @param toml_path optional TOML file (empty: none)
+ * @param overrides "section.key=value" items; the value is parsed as a TOML value, and a bare
+ *        word is taken as a string
+ * @throws ght::logic_error / ght::io_error naming the file, key or override
+ */
+TrainConfig resolve_train_config(const std::string& preset, const std::string& toml_path,
+                                 const std::vector<std::string>& overrides);
+
+}  // namespace ght::trainer
