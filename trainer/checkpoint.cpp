@@ -1,0 +1,336 @@
+#include "trainer/checkpoint.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "tier/error.hpp"
+#include "trainer/file_io.hpp"
+#include "trainer/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ght::trainer {
+
+namespace {
+
+constexpr const char* kMarker = "COMMITTED";
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kFormat = "ghtier-checkpoint";
+constexpr int kFormatVersion = 1;
+
+// Tensor files and JSON files, in the order they are written and listed in the manifest.
+constexpr const char* kWeights = "model.safetensors";
+constexpr const char* kMaster = "optimizer.master.safetensors";
+constexpr const char* kAdamM = "optimizer.m.safetensors";
+constexpr const char* kAdamV = "optimizer.v.safetensors";
+constexpr const char* kOptimizer = "optimizer.json";
+constexpr const char* kData = "data.json";
+constexpr const char* kRng = "rng.json";
+constexpr const char* kConfig = "config.json";
+constexpr const char* kRequired[] = {kWeights, kMaster, kAdamM, kAdamV, kOptimizer, kData, kRng, kConfig};
+
+[[noreturn]] void ck_fail(const fs::path& file, const std::string& what) {
+  throw io_error("checkpoint " + file.string() + ": " + what);
+}
+
+std::int64_t parse_step(const std::string& name) {
+  if (!name.starts_with("ckpt_") || name.size() == 5) return -1;
+  std::int64_t v = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    const char c = name[i];
+    if (c < '0' || c > '9' || v > (INT64_MAX - 9) / 10) return -1;
+    v = v * 10 + (c - '0');
+  }
+  return v;
+}
+
+struct FileEntry {
+  std::uint64_t size = 0, hash = 0;
+};
+
+FileEntry write_tensors(const fs::path& path, const std::vector<CheckpointTensorView>& group) {
+  std::vector<TensorRef> refs;
+  refs.reserve(group.size());
+  for (const auto& t : group) {
+    std::int64_t n = 1;
+    for (auto d : t.shape) n *= d;
+    GHT_EXPECTS(n == static_cast<std::int64_t>(t.data.size()),
+                "checkpoint: tensor '" + t.name + "' holds " + std::to_string(t.data.size()) +
+                    " floats but its shape needs " + std::to_string(n));
+    refs.push_back({t.name, StDtype::F32, t.shape, t.data.data()});
+  }
+  fileio::OutFile f(path.string(), /*hash=*/true);
+  write_safetensors(f, refs, {{"format", "pt"}});
+  f.close();
+  return {f.bytes_written(), f.digest()};
+}
+
+FileEntry write_text(const fs::path& path, const std::string& text) {
+  fileio::OutFile f(path.string(), /*hash=*/true);
+  f.write(text.data(), text.size());
+  f.close();
+  return {f.bytes_written(), f.digest()};
+}
+
+nlohmann::json parse_json_file(const fs::path& path) {
+  try {
+    return nlohmann::json::parse(fileio::read_all(path.string()));
+  } catch (const nlohmann::json::exception& e) {
+    ck_fail(path, std::string("not valid JSON: ") + e.what());
+  }
+}
+
+std::uint64_t parse_hex(const nlohmann::json& v) {
+  if (!v.is_string() || v.get<std::string>().size() != 16) return 0;
+  return std::stoull(v.get<std::string>(), nullptr, 16);
+}
+
+std::vector<CheckpointTensor> read_tensors(const fs::path& path) {
+  SafetensorsReader r(path.string());
+  std::vector<CheckpointTensor> out;
+  for (const auto& t : r.tensors()) {
+    if (t.dtype != StDtype::F32) {
+      ck_fail(path, "tensor '" + t.name + "' has dtype " + std::string(to_string(t.dtype)) + ", expected F32");
+    }
+    CheckpointTensor n{t.name, t.shape, std::vector<float>(static_cast<std::size_t>(t.numel()))};
+    r.read_raw(t, n.data.data());
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+std::vector<CheckpointTensorView> views_of(const std::vector<CheckpointTensor>& v) {
+  std::vector<CheckpointTensorView> out;
+  out.reserve(v.size());
+  for (const auto& t : v) out.push_back({t.name, t.shape, t.data});
+  return out;
+}
+
+// The manifest, after checking it against the marker; throws naming the file at fault.
+nlohmann::json checked_manifest(const fs::path& dir) {
+  const fs::path marker = dir / kMarker;
+  std::error_code ec;
+  if (!fs::exists(marker, ec)) {
+    ck_fail(marker, "missing: the checkpoint was never committed (interrupted while writing?)");
+  }
+  const nlohmann::json m = parse_json_file(marker);
+  if (!m.is_object() || !m.contains("manifest_size") || !m["manifest_size"].is_number_unsigned() ||
+      !m.contains("manifest_xxh3_64")) {
+    ck_fail(marker, "malformed marker: " + m.dump());
+  }
+  const fs::path manifest = dir / kManifest;
+  if (!fs::exists(manifest, ec)) ck_fail(manifest, "missing");
+  std::uint64_t size = 0;
+  const std::uint64_t hash = fileio::xxh3_file(manifest.string(), &size);
+  if (size != m["manifest_size"].get<std::uint64_t>()) {
+    ck_fail(manifest, "size " + std::to_string(size) + " bytes, the COMMITTED marker says " +
+                          std::to_string(m["manifest_size"].get<std::uint64_t>()));
+  }
+  if (hash != parse_hex(m["manifest_xxh3_64"])) {
+    ck_fail(manifest, "checksum mismatch: xxh3_64 " + fileio::hex64(hash) +
+                          ", the COMMITTED marker says " + m["manifest_xxh3_64"].dump());
+  }
+  nlohmann::json man = parse_json_file(manifest);
+  if (!man.is_object() || man.value("format", "") != kFormat || !man.contains("files") ||
+      !man["files"].is_object() || !man.contains("step") || !man["step"].is_number_integer()) {
+    ck_fail(manifest, "not a ghtier checkpoint manifest");
+  }
+  if (man.value("version", 0) != kFormatVersion) {
+    ck_fail(manifest, "unsupported checkpoint format version " + man["version"].dump());
+  }
+  for (const char* req : kRequired) {
+    if (!man["files"].contains(req)) ck_fail(manifest, std::string("does not list ") + req);
+  }
+  return man;
+}
+
+void verify_files(const fs::path& dir, const nlohmann::json& man) {
+  std::error_code ec;
+  for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
+    const std::string name = it.key();
+    if (name.find('/') != std::string::npos || name == ".." || !it.value().is_object() ||
+        !it.value().contains("size") || !it.value()["size"].is_number_unsigned()) {
+      ck_fail(dir / kManifest, "malformed entry for file '" + name + "'");
+    }
+    const fs::path file = dir / name;
+    if (!fs::exists(file, ec)) ck_fail(file, "missing");
+    std::uint64_t size = 0;
+    const std::uint64_t hash = fileio::xxh3_file(file.string(), &size);
+    const auto want_size = it.value().value("size", std::uint64_t{0});
+    if (size != want_size) {
+      ck_fail(file, "size " + std::to_string(size) + " bytes, the manifest says " +
+                        std::to_string(want_size) + (size < want_size ? " (truncated)" : ""));
+    }
+    const std::uint64_t want_hash = parse_hex(it.value().value("xxh3_64", nlohmann::json()));
+    if (hash != want_hash) {
+      ck_fail(file, "checksum mismatch: xxh3_64 " + fileio::hex64(hash) + ", the manifest says " +
+                        it.value().value("xxh3_64", std::string("?")) + " (file corrupted)");
+    }
+  }
+}
+
+}  // namespace
+
+CheckpointView CheckpointData::view() const {
+  CheckpointView v;
+  v.weights = views_of(weights);
+  v.master = views_of(master);
+  v.adam_m = views_of(adam_m);
+  v.adam_v = views_of(adam_v);
+  v.optimizer = optimizer;
+  v.data_position = data_position;
+  v.rng = rng;
+  v.config = config;
+  return v;
+}
+
+std::string checkpoint_dir_name(std::int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string save(const std::string& run_dir, std::int64_t step, const CheckpointView& ckpt) {
+  GHT_EXPECTS(step >= 0, "checkpoint: step must be >= 0, got " + std::to_string(step));
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) ck_fail(run_dir, "cannot create run directory: " + ec.message());
+  const std::string name = checkpoint_dir_name(step);
+  const fs::path final_dir = fs::path(run_dir) / name;
+  const fs::path tmp = fs::path(run_dir) / (".tmp-" + name);
+  fs::remove_all(tmp, ec);  // a leftover of an interrupted save of this step
+  fs::create_directory(tmp, ec);
+  if (ec) ck_fail(tmp, "cannot create directory: " + ec.message());
+
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  auto record = [&](const char* file, FileEntry e) {
+    files[file] = {{"size", e.size}, {"xxh3_64", fileio::hex64(e.hash)}};
+  };
+  try {
+    record(kWeights, write_tensors(tmp / kWeights, ckpt.weights));
+    record(kMaster, write_tensors(tmp / kMaster, ckpt.master));
+    record(kAdamM, write_tensors(tmp / kAdamM, ckpt.adam_m));
+    record(kAdamV, write_tensors(tmp / kAdamV, ckpt.adam_v));
+    record(kOptimizer, write_text(tmp / kOptimizer, ckpt.optimizer.dump(2) + "\n"));
+    record(kData, write_text(tmp / kData, ckpt.data_position.dump(2) + "\n"));
+    record(kRng, write_text(tmp / kRng, ckpt.rng.dump(2) + "\n"));
+    record(kConfig, write_text(tmp / kConfig, ckpt.config.dump(2) + "\n"));
+    const nlohmann::ordered_json manifest = {
+        {"format", kFormat}, {"version", kFormatVersion}, {"step", step}, {"files", files}};
+    const FileEntry man = write_text(tmp / kManifest, manifest.dump(2) + "\n");
+    fileio::fsync_dir(tmp.string());
+
+    // Move a same-step checkpoint aside rather than deleting it first, so that a crash here
+    // still leaves its data on disk.
+    const fs::path old = fs::path(run_dir) / (".old-" + name);
+    const bool replacing = fs::exists(final_dir, ec);
+    if (replacing) {
+      fs::remove_all(old, ec);
+      fs::rename(final_dir, old, ec);
+      if (ec) ck_fail(final_dir, "cannot move the existing checkpoint aside: " + ec.message());
+    }
+    fs::rename(tmp, final_dir, ec);
+    if (ec) ck_fail(final_dir, "cannot rename " + tmp.string() + " into place: " + ec.message());
+    fileio::fsync_dir(run_dir);
+
+    const nlohmann::ordered_json marker = {
+        {"step", step}, {"manifest_size", man.size}, {"manifest_xxh3_64", fileio::hex64(man.hash)}};
+    write_text(final_dir / kMarker, marker.dump(2) + "\n");
+    fileio::fsync_dir(final_dir.string());
+    if (replacing) fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return final_dir.string();
+}
+
+std::string save(const std::string& run_dir, std::int64_t step, const CheckpointData& ckpt) {
+  return save(run_dir, step, ckpt.view());
+}
+
+std::string verify(const std::string& ckpt_dir) {
+  try {
+    const nlohmann::json man = checked_manifest(ckpt_dir);
+    verify_files(ckpt_dir, man);
+  } catch (const io_error& e) {
+    return e.what();
+  } catch (const nlohmann::json::exception& e) {
+    return "checkpoint " + ckpt_dir + ": malformed manifest or marker: " + e.what();
+  }
+  return {};
+}
+
+CheckpointData load(const std::string& ckpt_dir) {
+  const fs::path dir(ckpt_dir);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) ck_fail(dir, "no such checkpoint directory");
+  if (const std::string why = verify(ckpt_dir); !why.empty()) throw io_error(why);
+  const nlohmann::json man = checked_manifest(dir);
+  CheckpointData d;
+  d.step = man["step"].get<std::int64_t>();
+  d.weights = read_tensors(dir / kWeights);
+  d.master = read_tensors(dir / kMaster);
+  d.adam_m = read_tensors(dir / kAdamM);
+  d.adam_v = read_tensors(dir / kAdamV);
+  d.optimizer = parse_json_file(dir / kOptimizer);
+  d.data_position = parse_json_file(dir / kData);
+  d.rng = parse_json_file(dir / kRng);
+  d.config = parse_json_file(dir / kConfig);
+  return d;
+}
+
+std::vector<std::int64_t> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::int64_t> steps;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) return steps;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    if (!e.is_directory(ec)) continue;
+    const std::int64_t s = parse_step(e.path().filename().string());
+    // Only canonical names: a hand-made "ckpt_5" next to "ckpt_00000005" would be ambiguous.
+    if (s >= 0 && e.path().filename().string() == checkpoint_dir_name(s)) steps.push_back(s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+std::optional<std::string> find_latest(const std::string& run_dir) {
+  for (const std::int64_t step : list_checkpoints(run_dir)) {
+    const std::string dir = (fs::path(run_dir) / checkpoint_dir_name(step)).string();
+    const std::string why = verify(dir);
+    if (why.empty()) return dir;
+    std::fprintf(stderr, "ght: warning: skipping checkpoint %s: %s\n", dir.c_str(), why.c_str());
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> prune(const std::string& run_dir, int keep) {
+  std::vector<std::string> removed;
+  if (keep <= 0) return removed;
+  std::error_code ec;
+  int kept = 0;
+  for (const std::int64_t step : list_checkpoints(run_dir)) {
+    const fs::path dir = fs::path(run_dir) / checkpoint_dir_name(step);
+    if (kept < keep && fs::exists(dir / kMarker, ec)) {
+      ++kept;
+      continue;
+    }
+    fs::remove_all(dir, ec);
+    removed.push_back(dir.string());
+  }
+  std::vector<fs::path> leftovers;  // collected first: removing while iterating is unspecified
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with(".tmp-ckpt_") || n.starts_with(".old-ckpt_")) leftovers.push_back(e.path());
+  }
+  for (const auto& p : leftovers) {
+    fs::remove_all(p, ec);
+    removed.push_back(p.string());
+  }
+  return removed;
+}
+
+}  // namespace ght::trainer

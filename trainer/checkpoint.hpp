@@ -1,0 +1,100 @@
+#pragma once
+/**
+ * @file checkpoint.hpp
+ * @brief Atomic, checksummed training checkpoints: one directory per step under a run dir.
+ *
+ * `<run_dir>/ckpt_<step:08d>/` holds
+ *   model.safetensors                  weights (F32)
+ *   optimizer.master.safetensors       AdamW fp32 master weights  } each may hold no tensor,
+ *   optimizer.m.safetensors            first moments              } e.g. when master weights
+ *   optimizer.v.safetensors            second moments             } are the model weights
+ *   optimizer.json                     optimizer scalars (e.g. {"step": N})
+ *   data.json                          the data loader position
+ *   rng.json                           RNG state
+ *   config.json                        the resolved run configuration
+ *   manifest.json                      {"step", "files": {name: {"size", "xxh3_64"}}}
+ *   COMMITTED                          written last: the manifest's size and XXH3-64
+ *
+ * Writing: every file goes into `<run_dir>/.tmp-ckpt_<step>`, each fsync'd; then the directory is
+ * fsync'd, renamed to its final name, the run dir fsync'd, and only then COMMITTED is written and
+ * fsync'd (with the directory). A crash at any point leaves either no `ckpt_` directory or one
+ * without COMMITTED, which load() and find_latest() reject. Checksums are XXH3-64 (libxxhash).
+ *
+ * Loading verifies the marker, the manifest's checksum, and every file's size and checksum;
+ * errors (ght::io_error) name the checkpoint file and the problem.
+ */
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ght::trainer {
+
+/// A named fp32 tensor, row-major.
+struct CheckpointTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> data;
+};
+
+/// A named fp32 tensor that borrows its data (saving a model without copying it).
+struct CheckpointTensorView {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::span<const float> data;
+};
+
+/// Everything a checkpoint holds, non-owning (what save() writes).
+struct CheckpointView {
+  std::vector<CheckpointTensorView> weights, master, adam_m, adam_v;
+  nlohmann::json optimizer = nlohmann::json::object();      ///< e.g. {"step": N}
+  nlohmann::json data_position = nlohmann::json::object();  ///< LoaderState::to_json()
+  nlohmann::json rng = nlohmann::json::object();
+  nlohmann::json config = nlohmann::json::object();
+};
+
+/// Everything a checkpoint holds (what load() returns).
+struct CheckpointData {
+  std::int64_t step = 0;
+  std::vector<CheckpointTensor> weights, master, adam_m, adam_v;
+  nlohmann::json optimizer = nlohmann::json::object();
+  nlohmann::json data_position = nlohmann::json::object();
+  nlohmann::json rng = nlohmann::json::object();
+  nlohmann::json config = nlohmann::json::object();
+  /// A view of this data, for save().
+  [[nodiscard]] CheckpointView view() const;
+};
+
+/// `ckpt_00000042` for step 42.
+[[nodiscard]] std::string checkpoint_dir_name(std::int64_t step);
+
+/// @brief Write a checkpoint atomically; returns its directory. An existing checkpoint of the
+/// same step is replaced only after the new one is complete.
+/// @throws ght::io_error naming the file that failed; ght::logic_error on a tensor whose data
+///         size does not match its shape
+std::string save(const std::string& run_dir, std::int64_t step, const CheckpointView& ckpt);
+std::string save(const std::string& run_dir, std::int64_t step, const CheckpointData& ckpt);
+
+/// @brief Check a checkpoint without parsing its tensors: marker, manifest, each file's size
+/// and XXH3-64. Returns an empty string when it is good, else the reason (naming the file).
+[[nodiscard]] std::string verify(const std::string& ckpt_dir);
+
+/// @brief Load and verify a checkpoint directory. @throws ght::io_error naming the file
+[[nodiscard]] CheckpointData load(const std::string& ckpt_dir);
+
+/// @brief The newest checkpoint under run_dir that is committed and verifies, for
+/// `--resume auto`. Each newer one that fails is skipped with a warning on stderr naming it and
+/// the reason. nullopt when there is none (or run_dir does not exist).
+[[nodiscard]] std::optional<std::string> find_latest(const std::string& run_dir);
+
+/// Steps of the `ckpt_*` directories under run_dir, newest first (committed or not).
+[[nodiscard]] std::vector<std::int64_t> list_checkpoints(const std::string& run_dir);
+
+/// @brief Keep the newest `keep` committed checkpoints (by their COMMITTED marker) and delete
+/// every other `ckpt_*` directory and leftover `.tmp-ckpt_*` / `.old-ckpt_*`. keep <= 0 keeps
+/// everything. Call it right after a successful save(). Returns the removed directories.
+std::vector<std::string> prune(const std::string& run_dir, int keep);
+
+}  // namespace ght::trainer
