@@ -1,0 +1,204 @@
+// The MoE model as regions, and the plan scenarios of issue 4: seed-21b on gh200 with 96 GB and
+// 141 GB of HBM, tiny on every profile, bench-h200 on pcie5 with GHT_HBM_BUDGET=40G.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "tier/config.hpp"
+#include "tier/link.hpp"
+#include "tier/plan.hpp"
+#include "trainer/regions.hpp"
+
+namespace ght::trainer {
+namespace {
+
+using tier::Plan;
+using tier::Region;
+
+std::map<TensorClass, std::uint64_t> bytes_by_class(const std::vector<Region>& rs) {
+  std::map<TensorClass, std::uint64_t> m;
+  for (const auto& r : rs) m[r.cls] += r.bytes;
+  return m;
+}
+
+TEST(ModelRegions, BytesMatchTheParameterCounts) {
+  for (const auto& name : preset_names()) {
+    const ModelConfig c = preset(name);
+    const auto rs = model_regions(c);
+    tier::validate_regions(rs);
+    const auto m = bytes_by_class(rs);
+    const auto P = static_cast<std::uint64_t>(c.total_params());
+    EXPECT_EQ(m.at(TensorClass::weight), 2 * P) << name;
+    EXPECT_EQ(m.at(TensorClass::grad), 2 * P) << name;
+    EXPECT_EQ(m.at(TensorClass::master), 4 * P) << name;
+    EXPECT_EQ(m.at(TensorClass::adam_m), 4 * P) << name;
+    EXPECT_EQ(m.at(TensorClass::adam_v), 4 * P) << name;
+    const auto act = activation_sizes(c);
+    EXPECT_EQ(m.at(TensorClass::activation), act.keep_per_layer * static_cast<std::uint64_t>(c.layers));
+    EXPECT_EQ(m.at(TensorClass::other), act.workspace);
+    // Region count: embed + final norm + per layer (attn + experts) x 5 classes + activations.
+    const std::size_t groups = 2 + static_cast<std::size_t>(c.layers) * (1 + c.experts);
+    EXPECT_EQ(rs.size(), groups * 5 + static_cast<std::size_t>(c.layers) + 1) << name;
+  }
+}
+
+TEST(ModelRegions, Seed21bShape) {
+  const ModelConfig c = preset("seed-21b");
+  const auto rs = model_regions(c);
+  const auto act = activation_sizes(c);
+  // Per token and layer: 4d + 2q + 2kv + 2H + 2E + top_k (2d + 3 ffn) bf16 elements.
+  const std::uint64_t elems = 4 * 4096 + 2 * 5120 + 2 * 1024 + 80 + 128 + 4 * (2 * 4096 + 3 * 800);
+  EXPECT_EQ(act.keep_per_layer, 2 * elems * 4096);
+  EXPECT_EQ(act.checkpoint_per_layer, 2ULL * 4096 * 4096);
+  for (const auto& r : rs) {
+    if (r.name == "layer7.expert12.weight") {
+      EXPECT_EQ(r.bytes, 2ULL * 3 * 4096 * 800);
+      EXPECT_DOUBLE_EQ(r.routing_frequency, 4.0 / 64);
+      EXPECT_FALSE(r.host_allowed);
+      EXPECT_EQ(r.layer, 7);
+      EXPECT_EQ(r.expert, 12);
+    }
+    if (r.name == "layer7.attn.weight") {
+      EXPECT_FALSE(r.host_allowed);
+    }
+    if (r.name == "layer7.attn.grad") {
+      ASSERT_TRUE(r.host_bytes.has_value());
+      EXPECT_EQ(*r.host_bytes, 2 * r.bytes);
+      ASSERT_TRUE(r.host_access.has_value());
+      // Accumulator traffic per step: (2 GA + 4 (GA-1)) B read and 4 GA B written per param,
+      // the last micro-batch's share in a window of the backward left below layer 7.
+      const double p = static_cast<double>(r.bytes) / 2;
+      const auto& h = *r.host_access;
+      ASSERT_EQ(h.size(), 5u);
+      EXPECT_DOUBLE_EQ(h[1].cpu_read_bytes + h[3].cpu_read_bytes, p * (2 * 8 + 4 * 7));
+      EXPECT_DOUBLE_EQ(h[1].cpu_write_bytes + h[3].cpu_write_bytes, p * 4 * 8);
+      EXPECT_DOUBLE_EQ(h[0].times_per_step * h[0].gpu_write_bytes + h[2].gpu_write_bytes, 8 * 2 * p);
+      EXPECT_DOUBLE_EQ(h[2].window_fraction, (2.0 / 3.0) * (7.0 / 30.0) / 8);
+      EXPECT_DOUBLE_EQ(h[4].gpu_read_bytes, 4 * p);
+      EXPECT_EQ(h[4].gpu_path, tier::GpuPath::kernel);
+    }
+    if (r.name == "embed.grad") {
+      EXPECT_FALSE(r.host_access->at(2).overlappable);  // finished last: critical path
+    }
+  }
+  EXPECT_DOUBLE_EQ(model_step_flops(c), c.flops_per_token() * 4096 * 8);
+
+  Routing bad(3);
+  EXPECT_THROW((void)model_regions(c, bad), ght::logic_error);
+  Routing skew(c.layers, std::vector<double>(c.experts, 0.01));
+  skew[2][5] = 0.9;
+  const auto rs2 = model_regions(c, skew);
+  for (const auto& r : rs2) {
+    if (r.layer == 2 && r.expert == 5) {
+      EXPECT_DOUBLE_EQ(r.routing_frequency, 0.9);
+    }
+  }
+}
+
+// ---- scenarios --------------------------------------------------------------------------------
+
+config::Registry registry_with(std::vector<std::string> env) {
+  std::vector<char*> ptrs;
+  for (auto& s : env) ptrs.push_back(s.data());
+  ptrs.push_back(nullptr);
+  config::Registry reg;
+  reg.load(ptrs.data());
+  return reg;
+}
+
+// What `ght plan --model NAME --profile PROFILE [--hbm X]` plans, through the same calls.
+Plan plan_for(const std::string& model, const std::string& profile, std::vector<std::string> env) {
+  const ModelConfig c = preset(model);
+  const auto reg = registry_with(std::move(env));
+  const tier::LinkNumbers link = tier::builtin_profile(profile);
+  const auto caps = tier::nominal_capacities(profile);
+  EXPECT_TRUE(caps.has_value());
+  const auto options = tier::plan_options_from_config(reg, link, *caps, model_step_flops(c));
+  return tier::make_plan(model_regions(c), options);
+}
+
+struct Census {
+  std::map<std::pair<TensorClass, TierKind>, std::size_t> tiers;
+  std::map<std::pair<TensorClass, tier::Mode>, std::size_t> modes;
+  std::map<TensorClass, std::size_t> total;
+};
+Census census(const Plan& p) {
+  Census c;
+  for (std::size_t i = 0; i < p.regions().size(); ++i) {
+    const auto cls = p.regions()[i].cls;
+    ++c.tiers[{cls, p.decisions()[i].tier}];
+    ++c.modes[{cls, p.decisions()[i].mode}];
+    ++c.total[cls];
+  }
+  return c;
+}
+
+void expect_within_budgets(const Plan& p) {
+  EXPECT_LE(p.prediction().hbm_bytes, p.options().budgets.hbm);
+  EXPECT_LE(p.prediction().host_bytes, p.options().budgets.host);
+  EXPECT_TRUE(std::isfinite(p.prediction().step_seconds));
+}
+
+TEST(PlanScenarios, Seed21bOnGh200With96GB) {
+  const Plan p = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  SCOPED_TRACE(p.format_table(true));
+  expect_within_budgets(p);
+  Census c = census(p);
+  using ght::TensorClass;
+  EXPECT_EQ((c.tiers[{TensorClass::weight, TierKind::hbm}]), c.total[TensorClass::weight]);
+  for (auto cls : {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v}) {
+    EXPECT_EQ((c.tiers[{cls, TierKind::host}]), c.total[cls]) << to_string(cls);
+  }
+  // bf16 grads do not fit beside the weights: they stream to the host accumulator.
+  EXPECT_GT((c.modes[{TensorClass::grad, tier::Mode::stream}]), 0u);
+  EXPECT_NE(p.mode_summary(TensorClass::grad), "accumulate");
+  EXPECT_EQ(p.tier_for("layer3.expert5.grad", TensorClass::grad) == TierKind::host,
+            p.find("layer3.expert5.grad")->mode == tier::Mode::stream);
+}
+
+TEST(PlanScenarios, Seed21bOnGh200With141GBKeepsGradsInHbm) {
+  const Plan p = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=141G"});
+  SCOPED_TRACE(p.format_table(true));
+  expect_within_budgets(p);
+  EXPECT_EQ(p.mode_summary(TensorClass::grad), "accumulate");
+  Census c = census(p);
+  EXPECT_EQ((c.tiers[{TensorClass::weight, TierKind::hbm}]), c.total[TensorClass::weight]);
+  // More HBM: never slower than the 96 GB plan.
+  const Plan small = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  EXPECT_LE(p.prediction().step_seconds, small.prediction().step_seconds);
+}
+
+TEST(PlanScenarios, TinyFitsInHbmOnEveryProfile) {
+  for (const char* profile : {"gh200", "pcie5"}) {
+    const Plan p = plan_for("tiny", profile, {});
+    SCOPED_TRACE(std::string(profile) + "\n" + p.format_table(true));
+    expect_within_budgets(p);
+    for (std::size_t i = 0; i < p.regions().size(); ++i) {
+      EXPECT_EQ(p.decisions()[i].tier, TierKind::hbm) << p.regions()[i].name;
+      EXPECT_NE(p.decisions()[i].mode, tier::Mode::recompute) << p.regions()[i].name;
+    }
+    EXPECT_DOUBLE_EQ(p.prediction().exposed_seconds, 0.0);
+    EXPECT_DOUBLE_EQ(p.prediction().h2d_bytes + p.prediction().d2h_bytes, 0.0);
+  }
+}
+
+TEST(PlanScenarios, BenchH200OnPcie5With40GIsAValidMixedPlan) {
+  const Plan p = plan_for("bench-h200", "pcie5", {"GHT_HBM_BUDGET=40G"});
+  SCOPED_TRACE(p.format_table(true));
+  expect_within_budgets(p);
+  EXPECT_EQ(p.options().budgets.hbm, 40ULL << 30);
+  std::set<TierKind> used;
+  for (const auto& d : p.decisions()) used.insert(d.tier);
+  EXPECT_EQ(used.size(), 2u) << "a mixed plan uses both tiers";
+  Census c = census(p);
+  EXPECT_EQ((c.tiers[{TensorClass::weight, TierKind::hbm}]), c.total[TensorClass::weight]);
+  EXPECT_GT(p.prediction().hbm_bytes, (40ULL << 30) * 9 / 10) << "HBM is filled before offloading";
+  // The plan survives its JSON.
+  const Plan q = Plan::from_json(p.to_json(), "bench.json");
+  EXPECT_TRUE(q == p);
+}
+
+}  // namespace
+}  // namespace ght::trainer

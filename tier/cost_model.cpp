@@ -1,0 +1,230 @@
+#include "tier/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace ght::tier {
+
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Zero bytes never cost anything, even over a missing link (avoids 0/0).
+double seconds_for(double bytes, double bps) {
+  if (bytes <= 0) return 0;
+  return bps > 0 ? bytes / bps : kInf;
+}
+}  // namespace
+
+double link_time(const LinkNumbers& link, double h2d_seconds, double d2h_seconds,
+                 double h2d_bytes, double d2h_bytes) {
+  double t = std::max(h2d_seconds, d2h_seconds);
+  if (h2d_bytes > 0 && d2h_bytes > 0) {
+    // Without a measured both-ways figure, assume the directions do not overlap at all.
+    t = link.bidir_bps > 0 ? std::max(t, (h2d_bytes + d2h_bytes) / link.bidir_bps)
+                           : h2d_seconds + d2h_seconds;
+  }
+  return t;
+}
+
+OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params, double grad_bytes_per_param,
+                                               const LinkNumbers& link) {
+  GHT_EXPECTS(grad_bytes_per_param >= 0 && std::isfinite(grad_bytes_per_param),
+              "predict_optimizer_link: grad_bytes_per_param must be >= 0, got " +
+                  std::to_string(grad_bytes_per_param));
+  OptimizerLinkPrediction p;
+  const double n = static_cast<double>(params);
+  p.read_bytes = n * (12.0 + grad_bytes_per_param);  // master, m, v (+ grad from the host)
+  p.write_bytes = n * 12.0;                          // master, m, v written back in place
+  p.read_seconds = seconds_for(p.read_bytes, link.kernel_read_bps);
+  p.write_seconds = seconds_for(p.write_bytes, link.kernel_write_bps);
+  p.seconds = link_time(link, p.read_seconds, p.write_seconds, p.read_bytes, p.write_bytes);
+  return p;
+}
+
+double predict_optimizer_link_seconds(std::uint64_t params, double grad_bytes_per_param,
+                                      const LinkNumbers& link) {
+  return predict_optimizer_link(params, grad_bytes_per_param, link).seconds;
+}
+
+Mode default_mode(const Region& r, TierKind t) {
+  if (r.cls == TensorClass::activation) return t == TierKind::hbm ? Mode::keep : Mode::offload;
+  if (r.cls == TensorClass::grad) return t == TierKind::hbm ? Mode::accumulate : Mode::stream;
+  if (r.recompute_bytes && t == TierKind::hbm) return Mode::keep;
+  return Mode::none;
+}
+
+std::vector<Placement> placements(const Region& r) {
+  std::vector<Placement> out;
+  if (r.host_allowed) out.push_back({TierKind::host, default_mode(r, TierKind::host)});
+  if (r.hbm_allowed && r.recompute_bytes) out.push_back({TierKind::hbm, Mode::recompute});
+  if (r.hbm_allowed) out.push_back({TierKind::hbm, default_mode(r, TierKind::hbm)});
+  return out;
+}
+
+std::uint64_t hbm_bytes(const Region& r, Placement p) {
+  if (p.tier != TierKind::hbm) return 0;
+  return p.mode == Mode::recompute ? r.recompute_bytes.value_or(r.bytes) : r.bytes;
+}
+
+std::uint64_t host_bytes(const Region& r, Placement p) {
+  return p.tier == TierKind::host ? r.host_bytes.value_or(r.bytes) : 0;
+}
+
+const std::vector<Access>& accesses_on(const Region& r, TierKind t) {
+  return (t == TierKind::host && r.host_access) ? *r.host_access : r.access;
+}
+
+double routing_factor(const Region& r, const Access& a) {
+  if (r.expert < 0 || a.routing_tokens <= 0) return 1.0;
+  const double f = std::clamp(r.routing_frequency, 0.0, 1.0);
+  if (f >= 1.0) return 1.0;
+  // 1 - (1-f)^n, computed without cancellation for small f.
+  return -std::expm1(a.routing_tokens * std::log1p(-f));
+}
+
+Load::Bucket& Load::at(int index) {
+  auto it = std::lower_bound(parts.begin(), parts.end(), index,
+                             [](const std::pair<int, Bucket>& p, int i) { return p.first < i; });
+  if (it == parts.end() || it->first != index) it = parts.insert(it, {index, Bucket{}});
+  return it->second;
+}
+
+void Load::add(const Load& o, double sign) {
+  for (const auto& [index, x] : o.parts) {
+    Bucket& b = at(index);
+    b.h2d_bytes += sign * x.h2d_bytes;
+    b.d2h_bytes += sign * x.d2h_bytes;
+    b.h2d_s += sign * x.h2d_s;
+    b.d2h_s += sign * x.d2h_s;
+    b.host_bytes += sign * x.host_bytes;
+    b.host_s += sign * x.host_s;
+  }
+  recompute_flops += sign * o.recompute_flops;
+}
+
+CostModel::CostModel(LinkNumbers link, double step_flops, double assumed_tflops,
+                     const std::vector<Region>& regions)
+    : link_(std::move(link)), step_flops_(step_flops), flops_per_second_(assumed_tflops * 1e12) {
+  GHT_EXPECTS(step_flops >= 0 && std::isfinite(step_flops),
+              "cost model: step FLOPs must be >= 0, got " + std::to_string(step_flops));
+  GHT_EXPECTS(assumed_tflops > 0 && std::isfinite(assumed_tflops),
+              "cost model: assumed TFLOP/s must be > 0, got " + std::to_string(assumed_tflops));
+  windows_.push_back(0.0);
+  auto collect = [&](const std::vector<Access>& list) {
+    for (const Access& a : list) {
+      if (a.overlappable) windows_.push_back(a.window_fraction);
+    }
+  };
+  for (const Region& r : regions) {
+    collect(r.access);
+    if (r.host_access) collect(*r.host_access);
+  }
+  std::sort(windows_.begin(), windows_.end());
+  windows_.erase(std::unique(windows_.begin(), windows_.end()), windows_.end());
+}
+
+int CostModel::window_index(const Access& a) const {
+  const double f = a.overlappable ? a.window_fraction : 0.0;
+  const auto it = std::lower_bound(windows_.begin(), windows_.end(), f);
+  GHT_EXPECTS(it != windows_.end() && *it == f,
+              "cost model: window fraction " + std::to_string(f) +
+                  " was not among the regions the model was built for");
+  return static_cast<int>(it - windows_.begin());
+}
+
+Load CostModel::zero() const {
+  // Dense: every window present, so adding into it never reallocates.
+  Load l;
+  l.parts.reserve(windows_.size());
+  for (std::size_t k = 0; k < windows_.size(); ++k) l.parts.push_back({static_cast<int>(k), Load::Bucket{}});
+  return l;
+}
+
+Load CostModel::load(const Region& r, Placement p, std::string_view only_what) const {
+  Load l;
+  for (const Access& a : accesses_on(r, p.tier)) {
+    if (!only_what.empty() && a.what != only_what) continue;
+    const double k = a.times_per_step * routing_factor(r, a);
+    Load::Bucket& b = l.at(window_index(a));
+    if (p.tier == TierKind::hbm) {
+      // The GPU works on it in place; only CPU accesses cross the link (memcpy).
+      const double down = k * a.cpu_read_bytes, up = k * a.cpu_write_bytes;
+      b.d2h_bytes += down;
+      b.d2h_s += seconds_for(down, link_.d2h_bps);
+      b.h2d_bytes += up;
+      b.h2d_s += seconds_for(up, link_.h2d_bps);
+    } else {
+      const double up = k * a.gpu_read_bytes, down = k * a.gpu_write_bytes;
+      const bool kernel = a.gpu_path == GpuPath::kernel;
+      b.h2d_bytes += up;
+      b.h2d_s += seconds_for(up, kernel ? link_.kernel_read_bps : link_.h2d_bps);
+      b.d2h_bytes += down;
+      b.d2h_s += seconds_for(down, kernel ? link_.kernel_write_bps : link_.d2h_bps);
+      const double host = k * (a.cpu_read_bytes + a.cpu_write_bytes);
+      b.host_bytes += host;
+      b.host_s += seconds_for(host, link_.host_triad_bps);
+    }
+  }
+  if (p.mode == Mode::recompute && only_what.empty()) l.recompute_flops = r.recompute_flops;
+  return l;
+}
+
+StepTime CostModel::evaluate(const Load& total) const {
+  StepTime t;
+  t.compute_seconds = step_flops_ / flops_per_second_;
+  t.recompute_seconds = std::max(0.0, total.recompute_flops) / flops_per_second_;
+  t.window_seconds = t.compute_seconds + t.recompute_seconds;
+  Load::Bucket cum;
+  // Windows a load does not use add no work, and a later window hides more: checking the
+  // windows it uses is enough for the maximum.
+  for (const auto& [k, b] : total.parts) {
+    cum.h2d_bytes += b.h2d_bytes;
+    cum.d2h_bytes += b.d2h_bytes;
+    cum.h2d_s += b.h2d_s;
+    cum.d2h_s += b.d2h_s;
+    cum.host_bytes += b.host_bytes;
+    cum.host_s += b.host_s;
+    const double hide = windows_[k] * t.window_seconds;
+    const double lt = link_time(link_, cum.h2d_s, cum.d2h_s, cum.h2d_bytes, cum.d2h_bytes);
+    t.exposed_link = std::max(t.exposed_link, lt - hide);
+    t.exposed_host = std::max(t.exposed_host, cum.host_s - hide);
+  }
+  t.h2d_bytes = cum.h2d_bytes;
+  t.d2h_bytes = cum.d2h_bytes;
+  t.h2d_seconds = cum.h2d_s;
+  t.d2h_seconds = cum.d2h_s;
+  t.link_seconds = link_time(link_, cum.h2d_s, cum.d2h_s, cum.h2d_bytes, cum.d2h_bytes);
+  t.host_bytes = cum.host_bytes;
+  t.host_seconds = cum.host_s;
+  t.exposed_seconds = t.recompute_seconds + std::max(t.exposed_link, t.exposed_host);
+  t.step_seconds = t.compute_seconds + t.exposed_seconds;
+  return t;
+}
+
+double CostModel::total_seconds(const Load& l) const {
+  double s = l.recompute_flops / flops_per_second_;
+  for (const auto& [k, b] : l.parts) s += b.h2d_s + b.d2h_s + b.host_s;
+  return s;
+}
+
+double CostModel::serial_seconds(const Load& l) const {
+  double s = l.recompute_flops / flops_per_second_;
+  if (!l.parts.empty() && l.parts.front().first == 0) {
+    const auto& b = l.parts.front().second;
+    s += b.h2d_s + b.d2h_s + b.host_s;
+  }
+  return s;
+}
+
+double CostModel::unhidable_seconds(const Load& l) const {
+  double s = l.recompute_flops / flops_per_second_;
+  for (const auto& [k, b] : l.parts) {
+    const double w = 1.0 - windows_[k];
+    if (w > 0) s += w * (b.h2d_s + b.d2h_s + b.host_s);
+  }
+  return s;
+}
+
+}  // namespace ght::tier

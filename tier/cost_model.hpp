@@ -1,0 +1,134 @@
+#pragma once
+/**
+ * @file cost_model.hpp
+ * @brief What a placement costs per training step.
+ *
+ * For every access of a region (plan.hpp, Access), per step:
+ *  - region in HBM: GPU reads and writes cost nothing (HBM bandwidth is not modelled); CPU reads
+ *    cross the link device -> host and CPU writes host -> device (memcpy numbers);
+ *  - region on the host: GPU reads cross the link host -> device and GPU writes device -> host,
+ *    at h2d_bps / d2h_bps (GpuPath::copy) or kernel_read_bps / kernel_write_bps
+ *    (GpuPath::kernel); CPU reads and writes are host-memory traffic at host_triad_bps (which
+ *    counts every stream, so bytes read + bytes written over it).
+ * Bytes are multiplied by times_per_step and, for routed accesses, by the chance that the expert
+ * receives a token. A bandwidth of 0 makes any traffic over it take infinitely long.
+ *
+ * Time for a set of link transfers: max(h2d seconds, d2h seconds, (h2d + d2h bytes) / bidir_bps)
+ * (each direction alone, then both sharing the link; without bidir_bps the directions add up).
+ *
+ * Overlap: compute takes W = (step FLOPs + recompute FLOPs) / (GHT_ASSUMED_TFLOPS * 1e12). An
+ * access with window fraction f can hide behind f*W; non-overlappable accesses have f = 0. For
+ * each resource (link, host memory), with S(f) the time of its work whose fraction is <= f, the
+ * exposed time is E = max over f of (S(f) - f*W), at least 0 (for one window this is the
+ * familiar serial + max(0, overlappable - W)). The resources run concurrently:
+ *   exposed = recompute seconds + max(E_link, E_host),   step = compute + exposed.
+ * On Grace the link and host memory share LPDDR5X bandwidth; the model does not charge that.
+ */
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tier/link.hpp"
+#include "tier/plan.hpp"
+
+namespace ght::tier {
+
+/// Predicted link traffic of the gpu_link AdamW step for `params` parameters whose fp32 master,
+/// m and v live on the host. Per parameter the kernel reads master, m, v (12 B, host -> device)
+/// and writes them back (12 B, device -> host) through kernel access; it reads the gradient
+/// (grad_bytes_per_param over the link: 0 when the gradient is in HBM, 4 when it reads the fp32
+/// host accumulator) and writes the bf16 weight into HBM (no link traffic).
+struct OptimizerLinkPrediction {
+  double read_bytes = 0;      ///< host -> device
+  double write_bytes = 0;     ///< device -> host
+  double read_seconds = 0;    ///< read_bytes / kernel_read_bps
+  double write_seconds = 0;   ///< write_bytes / kernel_write_bps
+  double seconds = 0;         ///< both directions at once: max(read, write, total / bidir_bps)
+};
+[[nodiscard]] OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params,
+                                                             double grad_bytes_per_param,
+                                                             const LinkNumbers& link);
+/// predict_optimizer_link(...).seconds
+[[nodiscard]] double predict_optimizer_link_seconds(std::uint64_t params,
+                                                    double grad_bytes_per_param,
+                                                    const LinkNumbers& link);
+
+/// Link time of a set of transfers (see the file comment); inputs are the seconds each
+/// direction takes alone and the bytes each way.
+[[nodiscard]] double link_time(const LinkNumbers& link, double h2d_seconds, double d2h_seconds,
+                               double h2d_bytes, double d2h_bytes);
+
+/// One way of placing a region.
+struct Placement {
+  TierKind tier = TierKind::hbm;
+  Mode mode = Mode::none;
+  bool operator==(const Placement&) const = default;
+};
+
+/// The placements a region allows, smallest HBM footprint first.
+[[nodiscard]] std::vector<Placement> placements(const Region& r);
+/// The mode a region gets on a tier (recompute only when asked for).
+[[nodiscard]] Mode default_mode(const Region& r, TierKind t);
+[[nodiscard]] std::uint64_t hbm_bytes(const Region& r, Placement p);
+[[nodiscard]] std::uint64_t host_bytes(const Region& r, Placement p);
+/// The access list in effect on a tier (host_access when on the host and given).
+[[nodiscard]] const std::vector<Access>& accesses_on(const Region& r, TierKind t);
+/// 1 - (1 - routing_frequency)^routing_tokens for routed accesses of expert regions, else 1.
+[[nodiscard]] double routing_factor(const Region& r, const Access& a);
+
+/// Per-step work one placement of one region adds, split by overlap window (sparse: only the
+/// windows it uses, by index into CostModel::windows(), ascending).
+struct Load {
+  struct Bucket {
+    double h2d_bytes = 0, d2h_bytes = 0;  ///< link bytes each way
+    double h2d_s = 0, d2h_s = 0;          ///< link seconds each way, alone
+    double host_bytes = 0, host_s = 0;    ///< host-memory traffic
+  };
+  std::vector<std::pair<int, Bucket>> parts;
+  double recompute_flops = 0;
+
+  /// The bucket of window `index`, created when absent.
+  Bucket& at(int index);
+  /// this += sign * o
+  void add(const Load& o, double sign = 1.0);
+};
+
+/// Per-step times of a total load.
+struct StepTime {
+  double h2d_bytes = 0, d2h_bytes = 0, h2d_seconds = 0, d2h_seconds = 0, link_seconds = 0;
+  double host_bytes = 0, host_seconds = 0;
+  double compute_seconds = 0, recompute_seconds = 0, window_seconds = 0;
+  double exposed_link = 0, exposed_host = 0;
+  double exposed_seconds = 0, step_seconds = 0;
+};
+
+/// The cost model for one set of regions, link numbers and step size.
+class CostModel {
+ public:
+  /// @param regions used to collect the distinct window fractions
+  CostModel(LinkNumbers link, double step_flops, double assumed_tflops,
+            const std::vector<Region>& regions);
+
+  /// Window fractions, ascending; windows()[0] == 0 (the critical path).
+  [[nodiscard]] const std::vector<double>& windows() const { return windows_; }
+  [[nodiscard]] const LinkNumbers& link() const { return link_; }
+  [[nodiscard]] Load zero() const;
+  /// The load of `r` placed as `p`; with `only_what` set, only accesses with that purpose tag.
+  [[nodiscard]] Load load(const Region& r, Placement p, std::string_view only_what = {}) const;
+  [[nodiscard]] StepTime evaluate(const Load& total) const;
+
+  // Additive scores the greedy orders by (seconds; infinite bandwidth needs give +inf).
+  [[nodiscard]] double total_seconds(const Load& l) const;      ///< every second of work
+  [[nodiscard]] double serial_seconds(const Load& l) const;     ///< critical path + recompute
+  [[nodiscard]] double unhidable_seconds(const Load& l) const;  ///< sum of (1 - f) * seconds
+
+ private:
+  [[nodiscard]] int window_index(const Access& a) const;
+  LinkNumbers link_;
+  double step_flops_, flops_per_second_;
+  std::vector<double> windows_;
+};
+
+}  // namespace ght::tier

@@ -1,0 +1,286 @@
+#pragma once
+/**
+ * @file plan.hpp
+ * @brief The placement policy engine: regions in, a plan out (DESIGN.md, "The plan").
+ *
+ * A *region* is a named group of tensors of one class with a size and the accesses one training
+ * step makes to it. The engine gives every region a tier (hbm or host) and a mode:
+ *   activation: keep | recompute | offload (host)      grad: accumulate (HBM) | stream (host)
+ * and predicts HBM and host bytes, link bytes and seconds in each direction, host-memory traffic,
+ * the compute window and the exposed seconds per step (see cost_model.hpp for the model).
+ *
+ * Policies (GHT_POLICY):
+ *   static  GHT_PLACE rules fix the tier (and mode) of the regions they match; a region no rule
+ *           matches goes to HBM (host when HBM is not allowed for it). No cost-based choice.
+ *   greedy  Starts with every region at its smallest HBM footprint (host where allowed) and moves
+ *           regions into HBM in order of time saved per HBM byte. It builds a few candidate orders
+ *           (all seconds; critical-path seconds first; seconds that cannot hide behind compute
+ *           first), evaluates every prefix of every order with the full cost model and keeps the
+ *           fastest prefix that fits both budgets. The candidate set only grows with the budgets,
+ *           so a larger budget never predicts a slower step. GHT_PLACE rules, when given, pin the
+ *           regions they match.
+ *   auto    greedy, re-run on counts measured in a warm-up step (Measurements).
+ *
+ * The plan is data: Plan::to_json() / Plan::from_json() round-trip exactly; the allocator asks
+ * Plan::tier_for() where a tensor goes.
+ */
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "tier/error.hpp"
+#include "tier/link.hpp"
+#include "tier/types.hpp"
+
+namespace ght::config {
+class Registry;
+}
+
+namespace ght::tier {
+
+/// How the GPU reaches a host-resident region: memcpy (h2d_bps / d2h_bps) or a kernel
+/// dereferencing host memory (kernel_read_bps / kernel_write_bps).
+enum class GpuPath { copy, kernel };
+
+/// What a placement does with a region besides where it lives.
+enum class Mode {
+  none,        ///< plain residence
+  keep,        ///< activations kept in HBM for backward
+  recompute,   ///< only a checkpoint kept in HBM; the rest recomputed in backward
+  offload,     ///< activations written to the host in forward, read back in backward
+  accumulate,  ///< gradients accumulated in HBM across micro-batches
+  stream,      ///< gradients copied to the host every micro-batch, added there into fp32
+};
+
+enum class Policy { static_rules, greedy, auto_replan };
+
+[[nodiscard]] std::string_view to_string(GpuPath p) noexcept;
+[[nodiscard]] std::string_view to_string(Mode m) noexcept;
+[[nodiscard]] std::string_view to_string(Policy p) noexcept;  ///< "static", "greedy", "auto"
+[[nodiscard]] std::optional<GpuPath> parse_gpu_path(std::string_view s) noexcept;
+[[nodiscard]] std::optional<Mode> parse_mode(std::string_view s) noexcept;
+[[nodiscard]] std::optional<Policy> parse_policy(std::string_view s) noexcept;
+
+/// One kind of access a training step makes to a region. Bytes are per occurrence.
+struct Access {
+  std::string what = "compute";  ///< purpose tag ("compute", "optimizer", "grad_stream", ...)
+  double gpu_read_bytes = 0;
+  double gpu_write_bytes = 0;
+  double cpu_read_bytes = 0;
+  double cpu_write_bytes = 0;
+  double times_per_step = 1;   ///< e.g. grad_accum for per-micro-batch accesses
+  bool overlappable = true;    ///< false: on the critical path
+  double window_fraction = 1;  ///< share of the step's compute window it can hide behind (0..1]
+  GpuPath gpu_path = GpuPath::copy;
+  /// > 0: the access happens only when the region's expert receives at least one of this many
+  /// tokens; its bytes are scaled by 1 - (1 - routing_frequency)^routing_tokens.
+  double routing_tokens = 0;
+  bool operator==(const Access&) const = default;
+};
+
+/// A named group of tensors of one class (DESIGN.md, "The plan").
+struct Region {
+  std::string name;
+  TensorClass cls = TensorClass::other;
+  std::string group;                         ///< row of the plan table; empty = class name
+  std::uint64_t bytes = 0;                   ///< size in HBM
+  std::optional<std::uint64_t> host_bytes;   ///< size on the host (default: bytes)
+  std::vector<Access> access;                ///< accesses per step (either tier)
+  std::optional<std::vector<Access>> host_access;  ///< replaces `access` when on the host
+  bool hbm_allowed = true;
+  bool host_allowed = true;
+  std::optional<std::uint64_t> recompute_bytes;  ///< HBM bytes kept when recomputing; unset = no
+  double recompute_flops = 0;                ///< extra FLOPs per step when recomputing
+  int layer = -1;                            ///< -1 = not per layer
+  int expert = -1;                           ///< -1 = not an expert's region
+  double routing_frequency = 0;              ///< share of tokens routed to this expert (0..1)
+
+  /// Bytes the region occupies on `t` in its default mode (recompute uses recompute_bytes).
+  [[nodiscard]] std::uint64_t bytes_on(TierKind t) const {
+    return t == TierKind::hbm ? bytes : host_bytes.value_or(bytes);
+  }
+  [[nodiscard]] std::string_view group_name() const;
+  bool operator==(const Region&) const = default;
+};
+
+/// Check names (non-empty, unique), sizes and access numbers.
+/// @throws ght::logic_error naming the region and the field.
+void validate_regions(const std::vector<Region>& regions);
+
+/// Memory a plan may draw on, of this machine or of a profile's nominal machine.
+struct Capacities {
+  std::string origin;  ///< "this machine" or e.g. "gh200 nominal"
+  std::uint64_t hbm_total = 0;
+  std::uint64_t hbm_free = 0;
+  std::uint64_t host_total = 0;
+  std::uint64_t host_available = 0;
+};
+
+/// Capacities of this machine (topology: HBM of the selected GPU, host NUMA node).
+[[nodiscard]] Capacities machine_capacities();
+/// Nominal capacities of the machine behind a built-in profile: "gh200" (96 GB HBM3, 480 GB
+/// LPDDR5X) and "pcie5" (H200 141 GB, 128 GiB host, as in HARDWARE.md); nullopt otherwise.
+[[nodiscard]] std::optional<Capacities> nominal_capacities(std::string_view profile);
+
+/// The budgets a plan must respect, with where each came from (used in error messages).
+struct Budgets {
+  std::uint64_t hbm = 0;
+  std::uint64_t host = 0;
+  std::string hbm_origin;   ///< e.g. "GHT_HBM_BUDGET=96G (flag)"
+  std::string host_origin;
+  bool operator==(const Budgets&) const = default;
+};
+
+/// GHT_HBM_BUDGET (size or NN% of HBM capacity), else free HBM minus GHT_HBM_HEADROOM;
+/// GHT_HOST_BUDGET, else available host memory minus GHT_HOST_HEADROOM.
+/// @throws ght::config_error for a percentage of an unknown (0) capacity.
+[[nodiscard]] Budgets resolve_budgets(const Capacities& caps, const config::Registry& reg);
+
+/// Everything the engine needs besides the regions.
+struct PlanOptions {
+  Policy policy = Policy::greedy;
+  std::string place;        ///< GHT_PLACE rules (place_rules.hpp)
+  Budgets budgets;
+  LinkNumbers link;
+  double step_flops = 0;    ///< training FLOPs per step (sizes the overlap window)
+  double assumed_tflops = 450;
+  /// Double-buffered staging the gradient stream needs, reserved in HBM and in host memory
+  /// while any gradient region streams (2 x GHT_STAGING_BYTES).
+  std::uint64_t stream_staging_bytes = 0;
+};
+
+/// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_TFLOPS,
+/// GHT_STAGING_BYTES) plus the caller's link numbers, capacities and step FLOPs.
+[[nodiscard]] PlanOptions plan_options_from_config(const config::Registry& reg,
+                                                   const LinkNumbers& link,
+                                                   const Capacities& caps, double step_flops);
+
+/// Counts measured in a warm-up step, for the auto policy.
+struct ExpertTokens {
+  int layer = -1;
+  int expert = -1;
+  double tokens = 0;  ///< tokens routed to this expert in the warm-up step
+};
+struct RegionLinkBytes {
+  std::string region;
+  double h2d_bytes = 0;  ///< bytes moved host -> device per step while it lived on the host
+  double d2h_bytes = 0;
+};
+struct Measurements {
+  double step_tokens = 0;  ///< tokens in the warm-up step (routing frequency = tokens / this)
+  std::vector<ExpertTokens> expert_tokens;
+  std::vector<RegionLinkBytes> link_bytes;
+};
+
+/// Regions updated by measurements: routing frequencies from expert token counts, and the
+/// host-side GPU accesses of each measured region scaled so that its predicted link bytes per
+/// direction equal the measured ones. @throws ght::logic_error naming an unknown region/expert.
+[[nodiscard]] std::vector<Region> apply_measurements(std::vector<Region> regions,
+                                                     const Measurements& m);
+
+/// The engine's choice for one region (aligned with Plan::regions()).
+struct Decision {
+  TierKind tier = TierKind::hbm;
+  Mode mode = Mode::none;
+  std::string reason;           ///< one line; identical for regions decided alike
+  double gain_ms_per_gib = 0;   ///< ms per step its HBM bytes save, per GiB (0 when n/a)
+  int rule = 0;                 ///< 1-based GHT_PLACE rule that fixed it; 0 = none
+  bool operator==(const Decision&) const = default;
+};
+
+/// Per-step predictions of a placement.
+struct Prediction {
+  std::uint64_t hbm_bytes = 0;
+  std::uint64_t host_bytes = 0;
+  double h2d_bytes = 0;           ///< link, host -> device
+  double d2h_bytes = 0;           ///< link, device -> host
+  double h2d_seconds = 0;         ///< each direction alone
+  double d2h_seconds = 0;
+  double link_seconds = 0;        ///< both directions sharing the link (bidir limit)
+  double host_traffic_bytes = 0;  ///< CPU reads + writes of host memory
+  double host_seconds = 0;
+  double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS, recompute excluded
+  double recompute_seconds = 0;
+  double window_seconds = 0;      ///< compute + recompute: what transfers can hide behind
+  double exposed_seconds = 0;     ///< recompute + transfers that do not hide
+  double step_seconds = 0;        ///< compute + exposed
+  double optimizer_link_seconds = 0;  ///< link time of the "optimizer" accesses alone
+  bool operator==(const Prediction&) const = default;
+};
+
+/// A plan does not fit: `tier` is the budget to raise, by at least missing_bytes().
+class infeasible_plan : public ght::out_of_memory {
+ public:
+  infeasible_plan(std::string msg, TierKind tier, std::uint64_t needed, std::uint64_t budget)
+      : out_of_memory(std::move(msg)), tier_(tier), needed_(needed), budget_(budget) {}
+  [[nodiscard]] TierKind tier() const noexcept { return tier_; }
+  [[nodiscard]] std::uint64_t needed_bytes() const noexcept { return needed_; }
+  [[nodiscard]] std::uint64_t budget_bytes() const noexcept { return budget_; }
+  [[nodiscard]] std::uint64_t missing_bytes() const noexcept { return needed_ - budget_; }
+
+ private:
+  TierKind tier_;
+  std::uint64_t needed_, budget_;
+};
+
+/// The result of make_plan(): immutable data.
+class Plan {
+ public:
+  Plan() = default;
+  Plan(PlanOptions options, std::vector<Region> regions, std::vector<Decision> decisions,
+       Prediction prediction, std::vector<std::string> notes);
+
+  [[nodiscard]] const PlanOptions& options() const { return options_; }
+  [[nodiscard]] const std::vector<Region>& regions() const { return regions_; }
+  [[nodiscard]] const std::vector<Decision>& decisions() const { return decisions_; }
+  [[nodiscard]] const Prediction& prediction() const { return prediction_; }
+  [[nodiscard]] const std::vector<std::string>& notes() const { return notes_; }
+
+  /// The decision for a region by name; nullptr when unknown.
+  [[nodiscard]] const Decision* find(std::string_view region) const;
+  /// Tier for an allocation: the region's tier when the plan knows the name, else the tier
+  /// holding most bytes of `cls` in this plan, else hbm. Thread-safe.
+  [[nodiscard]] TierKind tier_for(std::string_view region, TensorClass cls) const;
+  /// "accumulate" / "stream" / "keep" / ... when every region of `cls` has that mode,
+  /// "mixed" when they differ, "-" when the plan has no region of `cls`.
+  [[nodiscard]] std::string mode_summary(TensorClass cls) const;
+
+  /// The plan as JSON (regions with their decisions, options, predictions, notes).
+  [[nodiscard]] std::string to_json() const;
+  /// Parse to_json() output. @throws ght::io_error naming `origin` and the offending field.
+  static Plan from_json(const std::string& text, const std::string& origin);
+
+  /// Table of region groups (tier, mode, bytes), totals against budgets, per-step predictions;
+  /// `explain` adds one reason line per decision row and the plan's notes.
+  [[nodiscard]] std::string format_table(bool explain) const;
+
+  bool operator==(const Plan& o) const;
+
+ private:
+  PlanOptions options_;
+  std::vector<Region> regions_;
+  std::vector<Decision> decisions_;
+  Prediction prediction_;
+  std::vector<std::string> notes_;
+  std::unordered_map<std::string, std::size_t> index_;
+  std::array<TierKind, kNumTensorClasses> class_tier_{};
+};
+
+/// Plan `regions` under `options` (policy, rules, budgets, link numbers, step FLOPs).
+/// `measured` feeds the auto policy (ignored by the others).
+/// @throws ght::config_error for a malformed or inapplicable GHT_PLACE rule (naming it);
+///         infeasible_plan when no placement fits the budgets (naming the budget to raise);
+///         ght::logic_error for invalid regions.
+[[nodiscard]] Plan make_plan(std::vector<Region> regions, const PlanOptions& options,
+                             const Measurements* measured = nullptr);
+
+/// Predictions for an explicit placement (one decision per region; reasons ignored).
+[[nodiscard]] Prediction predict(const std::vector<Region>& regions,
+                                 const std::vector<Decision>& decisions,
+                                 const PlanOptions& options);
+
+}  // namespace ght::tier

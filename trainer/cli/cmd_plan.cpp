@@ -1,0 +1,163 @@
+// `ght plan`: where each region of a model's tensors should live (HBM or host), in which mode,
+// what that predicts per step, and why. --json emits the plan the allocator and trainer consume;
+// --from-json prints a saved plan again (and re-emits it byte for byte with --json).
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "tier/config.hpp"
+#include "tier/error.hpp"
+#include "tier/link.hpp"
+#include "tier/plan.hpp"
+#include "tier/regions_json.hpp"
+#include "trainer/cli/command.hpp"
+#include "trainer/model_config.hpp"
+#include "trainer/model_config_toml.hpp"
+#include "trainer/regions.hpp"
+
+namespace {
+
+struct PlanArgs {
+  std::string model, profile, hbm, host, policy, place, regions, measurements, from_json, out;
+  bool json = false;
+  bool explain = false;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ght::io_error(path + ": cannot open for reading");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out || !(out << text) || !out.flush()) throw ght::io_error(path + ": cannot write the plan");
+}
+
+ght::trainer::ModelConfig model_config(const std::string& spec) {
+  for (const auto& n : ght::trainer::preset_names()) {
+    if (n == spec) return ght::trainer::preset(spec);
+  }
+  if (std::filesystem::exists(spec)) return ght::trainer::load_model_config(spec);
+  std::string names;
+  for (const auto& n : ght::trainer::preset_names()) names += (names.empty() ? "" : ", ") + n;
+  throw ght::config_error("--model '" + spec + "' is neither a preset (" + names +
+                          ") nor an existing TOML file");
+}
+
+void emit(const ght::tier::Plan& plan, const PlanArgs& a, const std::string& header) {
+  const std::string json = (a.json || !a.out.empty()) ? plan.to_json() : std::string();
+  if (!a.out.empty()) write_text(a.out, json);
+  if (a.json) {
+    std::fputs(json.c_str(), stdout);
+  } else {
+    std::fputs(header.c_str(), stdout);
+    std::fputs(plan.format_table(a.explain).c_str(), stdout);
+    if (!a.out.empty()) std::printf("plan written to %s\n", a.out.c_str());
+  }
+}
+
+void run(const PlanArgs& a) {
+  using ght::cli::set_config_flag;
+  if (!a.from_json.empty()) {
+    if (!a.model.empty() || !a.regions.empty()) {
+      throw ght::config_error("--from-json prints a saved plan; it cannot be combined with --model or --regions");
+    }
+    emit(ght::tier::Plan::from_json(read_text(a.from_json), a.from_json), a,
+         "saved plan " + a.from_json + "\n");
+    return;
+  }
+  if (a.model.empty() && a.regions.empty()) {
+    throw ght::config_error("ght plan needs --model PRESET|file.toml or --regions file.json (or --from-json)");
+  }
+  // Flags are config values with source "flag": budgets and errors name them as such.
+  if (!a.profile.empty()) set_config_flag("GHT_LINK_PROFILE", a.profile);
+  if (!a.hbm.empty()) set_config_flag("GHT_HBM_BUDGET", a.hbm);
+  if (!a.host.empty()) set_config_flag("GHT_HOST_BUDGET", a.host);
+  if (!a.policy.empty()) set_config_flag("GHT_POLICY", a.policy);
+  if (!a.place.empty()) set_config_flag("GHT_PLACE", a.place);
+  auto& reg = ght::config::cfg();
+
+  std::string header;
+  std::vector<ght::tier::Region> regions;
+  double step_flops = 0;
+  if (!a.model.empty()) {
+    const auto cfg = model_config(a.model);
+    step_flops = ght::trainer::model_step_flops(cfg);
+    auto count = [](std::int64_t n) {
+      char b[32];
+      const double x = static_cast<double>(n);
+      if (x >= 1e9) {
+        std::snprintf(b, sizeof b, "%.2fB", x / 1e9);
+      } else {
+        std::snprintf(b, sizeof b, "%.2fM", x / 1e6);
+      }
+      return std::string(b);
+    };
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "model: %s: %s params (%s active), %d layers x %d experts (top-%d), "
+                  "%lld tokens per step (seq %d x micro-batch %d x grad_accum %d)\n",
+                  cfg.name.c_str(), count(cfg.total_params()).c_str(),
+                  count(cfg.active_params()).c_str(), cfg.layers, cfg.experts, cfg.top_k,
+                  static_cast<long long>(cfg.tokens_per_step()), cfg.seq_len, cfg.micro_batch,
+                  cfg.grad_accum);
+    header = line;
+    if (a.regions.empty()) regions = ght::trainer::model_regions(cfg);
+  }
+  if (!a.regions.empty()) {
+    auto set = ght::tier::load_regions_file(a.regions);
+    regions = std::move(set.regions);
+    if (set.step_flops > 0) step_flops = set.step_flops;  // the file's own step size wins
+    header += "regions: " + a.regions + "\n";
+  }
+  const ght::tier::LinkNumbers link = ght::tier::resolve_link_numbers();
+  // A built-in profile plans for that machine: its nominal memory, unless budgets are given.
+  const auto nominal = ght::tier::nominal_capacities(reg.get_string(ght::config::Key::GHT_LINK_PROFILE));
+  const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
+  const auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
+  std::optional<ght::tier::Measurements> measured;
+  if (!a.measurements.empty()) measured = ght::tier::load_measurements_file(a.measurements);
+  const ght::tier::Plan plan =
+      ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr);
+  emit(plan, a, header);
+}
+
+void setup(CLI::App& app) {
+  auto a = std::make_shared<PlanArgs>();
+  auto* c = app.add_subcommand(
+      "plan", "Plan which tensors live in HBM and which on the host, predict the step, explain why");
+  c->add_option("--model", a->model, "Model: a preset (tiny, small, bench-h200, seed-21b) or a TOML file")
+      ->type_name("PRESET|FILE");
+  c->add_option("--profile", a->profile,
+                "Link numbers: gh200 | pcie5 | measured | none | file.json (sets GHT_LINK_PROFILE); "
+                "a built-in profile plans for that machine's nominal memory")
+      ->type_name("PROFILE");
+  c->add_option("--hbm", a->hbm, "HBM budget, e.g. 96G or 80% (sets GHT_HBM_BUDGET)")->type_name("SIZE");
+  c->add_option("--host", a->host, "Host-memory budget, e.g. 480G (sets GHT_HOST_BUDGET)")->type_name("SIZE");
+  c->add_option("--policy", a->policy, "static | greedy | auto (sets GHT_POLICY)")->type_name("POLICY");
+  c->add_option("--place", a->place, "Placement rules, e.g. master=host,grad=hbm (sets GHT_PLACE)")
+      ->type_name("RULES");
+  c->add_option("--regions", a->regions, "Plan the regions of this JSON file (tier/regions_json.hpp)")
+      ->type_name("FILE");
+  c->add_option("--measurements", a->measurements,
+                "auto policy: counts measured in a warm-up step (JSON: step_tokens, expert_tokens, link_bytes)")
+      ->type_name("FILE");
+  c->add_option("--from-json", a->from_json, "Print a plan saved with --json instead of planning")
+      ->type_name("FILE");
+  c->add_option("--out", a->out, "Also write the plan as JSON to FILE")->type_name("FILE");
+  c->add_flag("--json", a->json, "Print the plan as JSON (the format the allocator and trainer read)");
+  c->add_flag("--explain", a->explain, "Add one reason line per decision and the planner's notes");
+  c->callback([a] { run(*a); });
+}
+
+}  // namespace
+
+GHT_REGISTER_COMMAND(plan, setup);

@@ -1,0 +1,225 @@
+#include "trainer/regions.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "tier/error.hpp"
+
+namespace ght::trainer {
+
+namespace {
+
+using tier::Access;
+using tier::GpuPath;
+using tier::Region;
+
+struct Group {
+  std::string name;   // region name prefix
+  std::string label;  // table group
+  std::int64_t params = 0;
+  int layer = -1;
+  int expert = -1;
+  double frequency = 0;
+  double weight_reads = 0;  // bytes the GPU reads of the bf16 weight per micro-batch
+  double backward_left = 0; // share of backward still to run once its gradient is complete
+};
+
+Access make_access(const char* what, double times, double window, GpuPath path) {
+  Access a;
+  a.what = what;
+  a.times_per_step = times;
+  a.window_fraction = window;
+  a.gpu_path = path;
+  return a;
+}
+
+void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
+  const double P = static_cast<double>(g.params);
+  const auto p = static_cast<std::uint64_t>(g.params);
+  const double ga = c.grad_accum;
+  const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
+  const double routed = g.expert >= 0 ? tokens : 0;  // expert accesses need a routed token
+  const double opt_window = 1.0 / ga;
+  auto base = [&](const char* suffix, ght::TensorClass cls, std::uint64_t bytes) {
+    Region r;
+    r.name = g.name + "." + suffix;
+    r.cls = cls;
+    r.group = g.label;
+    r.bytes = bytes;
+    r.layer = g.layer;
+    r.expert = g.expert;
+    r.routing_frequency = g.frequency;
+    return r;
+  };
+
+  Region w = base("weight", ght::TensorClass::weight, 2 * p);
+  Access fwd_bwd = make_access("compute", ga, 1.0, GpuPath::copy);
+  fwd_bwd.gpu_read_bytes = g.weight_reads;
+  fwd_bwd.routing_tokens = routed;
+  Access w_opt = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  w_opt.gpu_write_bytes = 2 * P;
+  w.access = {fwd_bwd, w_opt};
+  // The GPU computes on every bf16 weight in place each micro-batch; the trainer has no path
+  // that streams weights in, so they must be in HBM (a plan that cannot hold them is infeasible).
+  w.host_allowed = false;
+  out.push_back(std::move(w));
+
+  Region gr = base("grad", ght::TensorClass::grad, 2 * p);
+  gr.host_bytes = 4 * p;
+  Access acc_hbm = make_access("compute", ga, 1.0, GpuPath::copy);
+  acc_hbm.gpu_read_bytes = 2 * P;
+  acc_hbm.gpu_write_bytes = 2 * P;
+  acc_hbm.routing_tokens = routed;
+  Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  opt_hbm.gpu_read_bytes = 2 * P;
+  gr.access = {acc_hbm, opt_hbm};
+  // Streaming: every micro-batch copies the bf16 gradient down and the CPU adds it into the fp32
+  // accumulator (reads 2 B and, after the first micro-batch, 4 B; writes 4 B per param). The
+  // first grad_accum - 1 micro-batches can hide anywhere in the step; the last one only in the
+  // backward left after this gradient is complete (2/3 of a micro-batch's compute is backward),
+  // since the optimizer needs the sum: the embedding's, finished last, is on the critical path.
+  const double tail_window = (2.0 / 3.0) * g.backward_left / ga;
+  std::vector<Access> host;
+  if (c.grad_accum > 1) {
+    Access stream = make_access("grad_stream", ga - 1, 1.0, GpuPath::copy);
+    stream.gpu_write_bytes = 2 * P;
+    stream.routing_tokens = routed;
+    Access accumulate = make_access("accumulate", 1, 1.0, GpuPath::copy);
+    accumulate.cpu_read_bytes = 2 * P * (ga - 1) + 4 * P * (ga - 2);
+    accumulate.cpu_write_bytes = 4 * P * (ga - 1);
+    accumulate.routing_tokens = routed;
+    host.push_back(stream);
+    host.push_back(accumulate);
+  }
+  Access last_stream = make_access("grad_stream", 1, tail_window, GpuPath::copy);
+  last_stream.gpu_write_bytes = 2 * P;
+  last_stream.routing_tokens = routed;
+  last_stream.overlappable = tail_window > 0;
+  Access last_accumulate = make_access("accumulate", 1, tail_window, GpuPath::copy);
+  last_accumulate.cpu_read_bytes = 2 * P + (c.grad_accum > 1 ? 4 * P : 0);
+  last_accumulate.cpu_write_bytes = 4 * P;
+  last_accumulate.routing_tokens = routed;
+  last_accumulate.overlappable = tail_window > 0;
+  host.push_back(last_stream);
+  host.push_back(last_accumulate);
+  Access opt_host = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  opt_host.gpu_read_bytes = 4 * P;
+  host.push_back(opt_host);
+  gr.host_access = std::move(host);
+  out.push_back(std::move(gr));
+
+  const std::pair<const char*, ght::TensorClass> states[] = {{"master", ght::TensorClass::master},
+                                                             {"adam_m", ght::TensorClass::adam_m},
+                                                             {"adam_v", ght::TensorClass::adam_v}};
+  for (const auto& [suffix, cls] : states) {
+    Region s = base(suffix, cls, 4 * p);
+    Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+    a.gpu_read_bytes = 4 * P;
+    a.gpu_write_bytes = 4 * P;
+    s.access = {a};
+    out.push_back(std::move(s));
+  }
+}
+
+}  // namespace
+
+ActivationSizes activation_sizes(const ModelConfig& c) {
+  c.validate();
+  const std::uint64_t d = c.d_model, T = static_cast<std::uint64_t>(c.seq_len) * c.micro_batch;
+  const std::uint64_t q = static_cast<std::uint64_t>(c.heads) * c.head_dim;
+  const std::uint64_t kv = static_cast<std::uint64_t>(c.kv_heads) * c.head_dim;
+  // bf16 elements saved per token and layer:
+  //   4d        layer input, attention-norm output, residual after attention, MoE-norm output
+  //   2q + 2kv  q, k, v after norm and RoPE, and the attention output
+  //   2H        fp32 softmax statistics per head
+  //   2E        fp32 router probabilities
+  //   top_k (2d + 3 ffn)  per routed copy: gathered input, gate, up, SwiGLU output, expert output
+  const std::uint64_t elems = 4 * d + 2 * q + 2 * kv + 2ULL * c.heads + 2ULL * c.experts +
+                              static_cast<std::uint64_t>(c.top_k) * (2 * d + 3ULL * c.expert_ffn);
+  ActivationSizes s;
+  s.keep_per_layer = 2 * elems * T;
+  s.checkpoint_per_layer = 2 * d * T;
+  const double active_layer = static_cast<double>(c.layer_dense_params()) +
+                              static_cast<double>(c.top_k) * static_cast<double>(c.expert_params());
+  // One more forward of the layer per micro-batch: 2 FLOPs per active parameter and token, plus
+  // the forward third of the attention term of flops_per_token().
+  s.recompute_flops_per_layer =
+      static_cast<double>(c.grad_accum) * static_cast<double>(T) *
+      (2.0 * active_layer + 4.0 * c.heads * c.head_dim * static_cast<double>(c.seq_len));
+  const std::uint64_t logits = 4ULL * T * static_cast<std::uint64_t>(c.vocab);  // bf16 + its grad
+  const std::uint64_t dispatch = 2ULL * 2 * T * static_cast<std::uint64_t>(c.top_k) * d;
+  s.workspace = logits + s.keep_per_layer + dispatch;
+  return s;
+}
+
+std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {
+  c.validate();
+  GHT_EXPECTS(routing.empty() || routing.size() == static_cast<std::size_t>(c.layers),
+              "model_regions: routing has " + std::to_string(routing.size()) + " layers, the model " +
+                  std::to_string(c.layers));
+  const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
+  const double uniform = static_cast<double>(c.top_k) / c.experts;
+  std::vector<Region> out;
+  out.reserve(static_cast<std::size_t>(c.layers) * (6 + 5 * c.experts) + 16);
+
+  const std::int64_t table = static_cast<std::int64_t>(c.vocab) * c.d_model;
+  // The tied table is the LM head's GEMM operand: read in forward and backward.
+  // Backward runs from the LM head down to the embedding lookup: the final norm's and the LM
+  // head's gradients are complete first (all backward left), the embedding's last (none).
+  Group embed{"embed", "embedding", table, -1, -1, 0, 2.0 * 2.0 * static_cast<double>(table), 0.0};
+  if (!c.tied_embeddings) {
+    // The untied input embedding is a gather: only the micro-batch's rows are read.
+    embed.weight_reads = 2.0 * std::min(2.0 * static_cast<double>(table), 2.0 * tokens * c.d_model);
+  }
+  add_group(c, embed, out);
+  if (!c.tied_embeddings) {
+    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, out);
+  }
+  const ActivationSizes act = activation_sizes(c);
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string layer = "layer" + std::to_string(l);
+    const std::int64_t dense = c.layer_dense_params();
+    const double below = static_cast<double>(l) / c.layers;  // backward left after layer l
+    add_group(c, {layer + ".attn", "attention", dense, l, -1, 0, 4.0 * static_cast<double>(dense), below},
+              out);
+    if (!routing.empty()) {
+      GHT_EXPECTS(routing[l].size() == static_cast<std::size_t>(c.experts),
+                  "model_regions: routing of layer " + std::to_string(l) + " has " +
+                      std::to_string(routing[l].size()) + " experts, the model " + std::to_string(c.experts));
+    }
+    for (int e = 0; e < c.experts; ++e) {
+      const double f = routing.empty() ? uniform : routing[l][e];
+      GHT_EXPECTS(f >= 0 && f <= 1, "model_regions: routing share of layer " + std::to_string(l) +
+                                        " expert " + std::to_string(e) + " must be within [0, 1]");
+      add_group(c,
+                {layer + ".expert" + std::to_string(e), "experts", c.expert_params(), l, e, f,
+                 4.0 * static_cast<double>(c.expert_params()), below + 0.5 / c.layers},
+                out);
+    }
+    Region a;
+    a.name = layer + ".activation";
+    a.cls = ght::TensorClass::activation;
+    a.group = "activations";
+    a.bytes = act.keep_per_layer;
+    a.recompute_bytes = act.checkpoint_per_layer;
+    a.recompute_flops = act.recompute_flops_per_layer;
+    a.host_allowed = false;  // offloading every activation did not pay off in the seed
+    a.layer = l;
+    out.push_back(std::move(a));
+  }
+  add_group(c, {"final_norm", "norms", c.d_model, -1, -1, 0, 4.0 * c.d_model, 1.0}, out);
+  Region ws;
+  ws.name = "workspace";
+  ws.cls = ght::TensorClass::other;
+  ws.group = "workspace";
+  ws.bytes = act.workspace;
+  ws.host_allowed = false;
+  out.push_back(std::move(ws));
+  return out;
+}
+
+double model_step_flops(const ModelConfig& c) {
+  return c.flops_per_token() * static_cast<double>(c.tokens_per_step());
+}
+
+}  // namespace ght::trainer

@@ -1,0 +1,56 @@
+#pragma once
+/**
+ * @file regions.hpp
+ * @brief The MoE model as regions for the placement engine (tier/plan.hpp).
+ *
+ * Parameter groups: `embed` (tied: one table; untied: `embed` and `lm_head`), per layer
+ * `layer<l>.attn` (q, k, v, o, q/k norms, router and the two RMSNorms) and
+ * `layer<l>.expert<e>` (gate, up, down), and `final_norm`. Each group gives five regions:
+ *   <group>.weight  bf16, 2 B/param. The GPU reads it in forward and backward of every
+ *                   micro-batch (an expert's only when it receives a token); the optimizer writes
+ *                   it once per step. HBM only: the trainer computes on weights in place.
+ *   <group>.grad    bf16, 2 B/param in HBM (accumulated across micro-batches). On the host it
+ *                   is the fp32 accumulator (4 B/param): every micro-batch copies the bf16
+ *                   gradient down (D2H) and the CPU adds it (reads 2 + 4 B, writes 4 B per param;
+ *                   the first micro-batch only writes); the optimizer reads it (4 B) over the link.
+ *                   The last micro-batch's copy and add can only hide behind the backward left
+ *                   after the gradient is complete (none for the embedding: critical path).
+ *   <group>.master, .adam_m, .adam_v   fp32, 4 B/param each. On the host, the gpu_link AdamW
+ *                   reads and writes each in place once per step through kernel access. It can
+ *                   hide behind the last micro-batch's backward and the next forward: a window of
+ *                   1/grad_accum of the step.
+ * Per layer `layer<l>.activation` (HBM only): keep = the tensors saved for backward of one
+ * micro-batch, recompute = the layer input only plus the layer's forward FLOPs again.
+ * `workspace` (HBM only): logits and their gradient for one micro-batch, one layer's
+ * activations during backward, and the MoE dispatch buffers.
+ */
+#include <cstdint>
+#include <vector>
+
+#include "tier/plan.hpp"
+#include "trainer/model_config.hpp"
+
+namespace ght::trainer {
+
+/// routing[layer][expert]: share of tokens routed to the expert (each token picks top_k, so a
+/// layer's shares sum to top_k). Empty = uniform top_k / experts.
+using Routing = std::vector<std::vector<double>>;
+
+/// The activation and workspace sizes model_regions() uses.
+struct ActivationSizes {
+  std::uint64_t keep_per_layer = 0;        ///< bytes saved for backward, one micro-batch
+  std::uint64_t checkpoint_per_layer = 0;  ///< bytes kept when recomputing (the layer input)
+  double recompute_flops_per_layer = 0;    ///< extra FLOPs per step when recomputing a layer
+  std::uint64_t workspace = 0;             ///< logits, one layer in backward, dispatch buffers
+};
+[[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg);
+
+/// The model's regions (see the file comment). @throws ght::logic_error for an invalid config
+/// or a routing table of the wrong shape.
+[[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg,
+                                                      const Routing& routing = {});
+
+/// Training FLOPs per step: flops_per_token() * tokens_per_step().
+[[nodiscard]] double model_step_flops(const ModelConfig& cfg);
+
+}  // namespace ght::trainer
