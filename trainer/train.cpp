@@ -18,6 +18,8 @@
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "trainer/cuda/train_cuda.hpp"
 #endif
 
 namespace ght::trainer {
@@ -149,16 +151,14 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
     if (!run.quiet) out << s << std::endl;
   };
 
-  if (cfg.backend == "cuda") {
-    throw ght::logic_error(
-        "train.backend=cuda: the CUDA training backend is not implemented yet (issue #7); "
-        "use backend=cpu or auto");
+  if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
+#ifdef GHT_HAVE_CUDA
+    return train_cuda(cfg, run);
+#else
+    throw ght::logic_error("train.backend=cuda: this build has no CUDA (nvcc was not found at configure time)");
+#endif
   }
   summary.backend = "cpu";
-  if (cfg.backend == "auto" && gpu_present()) {
-    say("note: a GPU is present, but the CUDA training backend is not implemented yet; "
-        "training on the CPU backend");
-  }
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
 
   const ModelConfig& mc = cfg.model;

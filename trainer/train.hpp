@@ -5,9 +5,9 @@
  * LR schedule, periodic eval on held-out shards, logging, atomic checkpoints with exact resume,
  * and SIGTERM/SIGINT save-and-exit.
  *
- * Backends: `cpu` is the fp32 OpenMP reference backend (trainer/model.hpp). `cuda` is the GPU
- * backend of the trainer; until it exists, asking for it is an error, and `auto` picks `cpu`
- * with a message saying so.
+ * Backends: `cpu` is the fp32 OpenMP reference backend (trainer/model.hpp); `cuda` is the GPU
+ * backend (trainer/cuda/train_cuda.hpp: bf16 compute, fp32 state where the plan says); `auto`
+ * picks `cuda` when the build has CUDA and a device is present, else `cpu`.
  */
 #include <cstdint>
 #include <optional>

@@ -22,7 +22,7 @@ struct TrainArgs {
 
 void setup(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
-  auto* c = app.add_subcommand("train", "Train the MoE model (CPU backend; the CUDA backend is issue #7)");
+  auto* c = app.add_subcommand("train", "Train the MoE model (on the GPU when there is one, else the CPU backend)");
   c->add_option("--model", args->preset, "Model preset: tiny, small, bench-h200, seed-21b")->capture_default_str();
   c->add_option("--config", args->config, "TOML run configuration ([model], [train], [optimizer], [schedule])");
   c->add_option("-o,--override", args->overrides, "Override a key: section.key=value (e.g. train.steps=500)");

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# GPU training checks and the training throughput bench (issue 7), on the H200 machine.
+#
+#   bash bench/train_gpu.sh GHT_BIN RESULTS_DIR        (bench/run_gpu.sh stage `train`)
+#
+# 1. Learning: `small` for 300 steps on the demo corpus on the GPU with master/m/v on the host
+#    (the default placement), next to the CPU backend's first 20 steps on the same seed and data
+#    (same configs/small.toml, --stop-at 20 so the LR schedule is identical). Check: each of the
+#    first 20 losses within 2% of the CPU's (bf16 vs fp32 noise), and the final eval loss below
+#    the `tiny` CPU demo's (scripts/demo.sh settings; reused from runs/tiny-demo when present).
+# 2. Plan-driven modes: 20 steps of `small` with GHT_PLACE streaming gradients to the host
+#    accumulator and recomputing every layer's activations; same 2% check against the CPU curve.
+# 3. Throughput: configs/bench-h200.toml (the seed's layer shape, 10 layers, 5.85B params) for a
+#    few steps with master/m/v in host memory, then with everything in HBM (GHT_OPTIMIZER=device):
+#    MFU, tokens/s and the forward / backward / exposed-optimizer breakdown (profile.json).
+# Everything lands in RESULTS_DIR (logs, profile JSONs, train_gpu_summary.json). Runtime: about
+# 5 minutes (mostly the 5.85B-parameter initialisation, done twice). Knobs: TRAIN_RUNS_DIR (run
+# directories, default build-gpu/train-runs), TINY_DEMO_STEPS (default 1500).
+set -uo pipefail
+GHT=${1:?usage: train_gpu.sh GHT_BIN RESULTS_DIR}
+RES=${2:?usage: train_gpu.sh GHT_BIN RESULTS_DIR}
+cd "$(dirname "$0")/.."
+mkdir -p "$RES"
+RUNS=${TRAIN_RUNS_DIR:-build-gpu/train-runs}
+rm -rf "$RUNS"
+mkdir -p "$RUNS"
+fail=0
+note() { echo; echo "--- $* ($(date -u +%T))"; }
+run_logged() {  # run_logged NAME TIMEOUT CMD...: output to $RES/NAME.log and stdout
+  local name=$1 limit=$2; shift 2
+  echo "+ $*"
+  timeout "$limit" "$@" 2>&1 | tee "$RES/$name.log"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "FAIL: $name exited $rc"; fail=1; }
+  return "$rc"
+}
+
+# ---- data ----------------------------------------------------------------------------------
+note "demo corpus"
+if [ ! -f build/data/demo/prep.json ]; then
+  "$GHT" prep --input data/austen --out build/data/demo --val-fraction 0.05 --quiet || fail=1
+fi
+
+# ---- 1. learning check ---------------------------------------------------------------------
+note "small on the GPU, 300 steps, state on the host"
+run_logged train_small_gpu 240 "$GHT" train --config configs/small.toml --out "$RUNS/small-gpu" --backend cuda
+cp "$RUNS/small-gpu/profile.json" "$RES/train_small_gpu_profile.json" 2>/dev/null
+
+note "small on the CPU backend, first 20 steps (same seed, data and schedule)"
+run_logged train_small_cpu 240 "$GHT" train --config configs/small.toml --out "$RUNS/small-cpu" --backend cpu \
+  --stop-at 20 -o train.log_every=1
+
+note "small on the GPU, 20 steps, plan-driven: gradients streamed to the host, every layer recomputed"
+GHT_PLACE="master=host,adam_*=host,grad=stream,activation=recompute" \
+  run_logged train_small_gpu_stream 180 "$GHT" train --config configs/small.toml --out "$RUNS/small-gpu-stream" \
+  --backend cuda --stop-at 20 -o train.log_every=1
+
+tiny_log=runs/tiny-demo/log.jsonl
+if ! grep -q '"type":"eval"' "$tiny_log" 2>/dev/null; then
+  note "tiny CPU demo (scripts/demo.sh settings) for the reference eval loss"
+  tiny_log=$RUNS/tiny-demo/log.jsonl
+  run_logged train_tiny_cpu 240 "$GHT" train --model tiny --data build/data/demo --out "$RUNS/tiny-demo" \
+    --steps "${TINY_DEMO_STEPS:-1500}" --backend cpu -o train.eval_every=250 -o train.log_every=250 >/dev/null
+fi
+
+# ---- 3. throughput -------------------------------------------------------------------------
+note "random uint32 tokens for bench-h200 (vocab 151936)"
+if [ ! -f build/data/bench-rand/prep.json ]; then
+  python3 - <<'EOF' || fail=1
+import array, os, random
+os.makedirs("build/data", exist_ok=True)
+try:
+    import numpy as np
+    np.random.default_rng(0).integers(0, 151936, size=1 << 20, dtype=np.uint32).tofile("build/data/bench-rand.u32")
+except ImportError:
+    r = random.Random(0)
+    array.array("I", (r.randrange(151936) for _ in range(1 << 20))).tofile(open("build/data/bench-rand.u32", "wb"))
+EOF
+  "$GHT" prep --from-tokens build/data/bench-rand.u32 --dtype uint32 --vocab 151936 --out build/data/bench-rand \
+    --val-fraction 0.1 --overwrite --quiet || fail=1
+fi
+
+note "bench-h200: master/m/v in host memory (mapped pinned), updated over PCIe by the GPU"
+GHT_SAVE_CHECKPOINTS=off run_logged train_bench_host 300 "$GHT" train --config configs/bench-h200.toml \
+  --out "$RUNS/bench-host" --backend cuda
+cp "$RUNS/bench-host/profile.json" "$RES/train_bench_host_profile.json" 2>/dev/null
+
+note "bench-h200: everything in HBM (GHT_OPTIMIZER=device)"
+GHT_OPTIMIZER=device GHT_SAVE_CHECKPOINTS=off run_logged train_bench_hbm 300 "$GHT" train \
+  --config configs/bench-h200.toml --out "$RUNS/bench-hbm" --backend cuda
+cp "$RUNS/bench-hbm/profile.json" "$RES/train_bench_hbm_profile.json" 2>/dev/null
+
+# ---- report --------------------------------------------------------------------------------
+note "summary"
+python3 - "$RUNS" "$tiny_log" "$RES" <<'EOF'
+import json, os, sys
+runs, tiny_log, res = sys.argv[1], sys.argv[2], sys.argv[3]
+
+def records(path, kind):
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    j = json.loads(line)
+                except ValueError:
+                    continue
+                if j.get("type") == kind:
+                    out.append(j)
+    except OSError:
+        pass
+    return out
+
+ok = True
+summary = {}
+gpu = {r["step"]: r["loss"] for r in records(f"{runs}/small-gpu/log.jsonl", "step")}
+cpu = {r["step"]: r["loss"] for r in records(f"{runs}/small-cpu/log.jsonl", "step")}
+stream = {r["step"]: r["loss"] for r in records(f"{runs}/small-gpu-stream/log.jsonl", "step")}
+print("step | cpu fp32  | gpu bf16  | rel diff | gpu stream+recompute | rel diff")
+worst, worst_s = 0.0, 0.0
+for s in range(1, 21):
+    c, g, st = cpu.get(s), gpu.get(s), stream.get(s)
+    d = abs(g - c) / c if c and g is not None else float("nan")
+    ds = abs(st - c) / c if c and st is not None else float("nan")
+    worst = max(worst, d) if d == d else float("inf")
+    worst_s = max(worst_s, ds) if ds == ds else float("inf")
+    fmt = lambda v: f"{v:9.5f}" if v is not None else "    -    "
+    print(f"{s:4d} | {fmt(c)} | {fmt(g)} | {d:8.2e} | {fmt(st)}            | {ds:8.2e}")
+summary["first20_max_rel_diff_gpu"] = worst
+summary["first20_max_rel_diff_stream_recompute"] = worst_s
+lc = worst <= 0.02 and worst_s <= 0.02
+print(f"first 20 steps within 2% of the CPU backend: gpu {worst:.2e}, stream+recompute {worst_s:.2e} -> "
+      f"{'PASS' if lc else 'FAIL'}")
+ok &= lc
+ev_gpu = records(f"{runs}/small-gpu/log.jsonl", "eval")
+ev_tiny = records(tiny_log, "eval")
+if ev_gpu and ev_tiny:
+    g, t = ev_gpu[-1]["eval_loss"], ev_tiny[-1]["eval_loss"]
+    summary.update({"small_gpu_eval_loss": g, "small_gpu_eval_step": ev_gpu[-1]["step"],
+                    "tiny_cpu_demo_eval_loss": t, "tiny_cpu_demo_eval_step": ev_tiny[-1]["step"]})
+    print(f"final eval loss: small on GPU {g:.4f} (step {ev_gpu[-1]['step']}) vs tiny CPU demo {t:.4f} "
+          f"(step {ev_tiny[-1]['step']}) -> {'PASS' if g < t else 'FAIL'}")
+    ok &= g < t
+else:
+    print("final eval loss: missing (see the logs)")
+    ok = False
+
+print()
+print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | link GB h2d/d2h |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name in ("bench_host", "bench_hbm"):
+    path = f"{res}/train_{name}_profile.json"
+    try:
+        p = json.load(open(path))
+    except (OSError, ValueError):
+        print(f"| {name} | missing | | | | | | | |")
+        ok = False
+        continue
+    m = p["median_excluding_first_step"]
+    summary[name] = m
+    print(f"| {name} | {100 * m['mfu']:.1f}% | {m['tokens_per_s']:.0f} | {m['wall_ms']:.0f} | {m['forward_ms']:.0f} | "
+          f"{m['backward_ms']:.0f} | {m['opt_exposed_ms']:.0f} | {m['opt_update_ms']:.0f} | "
+          f"{m['link_gb_h2d']:.1f}/{m['link_gb_d2h']:.1f} |")
+if "bench_host" in summary and "bench_hbm" in summary and summary["bench_hbm"]["mfu"] > 0:
+    tax = 1 - summary["bench_host"]["mfu"] / summary["bench_hbm"]["mfu"]
+    summary["offload_tax"] = tax
+    print(f"offload tax (1 - MFU_host / MFU_hbm): {100 * tax:.1f}%; goal: >= 55% MFU with the state on the host")
+print("medians exclude the first (warm-up) step;", "formula:",
+      json.load(open(f"{res}/train_bench_host_profile.json")).get("formula", "?")
+      if os.path.exists(f"{res}/train_bench_host_profile.json") else "")
+summary["pass"] = bool(ok)
+json.dump(summary, open(f"{res}/train_gpu_summary.json", "w"), indent=2)
+sys.exit(0 if ok else 1)
+EOF
+[ $? -eq 0 ] || fail=1
+exit $fail

@@ -1,0 +1,504 @@
+// The CUDA model (trainer/cuda/model_cuda.hpp) against the fp32 CPU model (trainer/model.hpp).
+//
+// Both models get the same weights (the CPU model's random init rounded to bf16, so that weight
+// rounding is not part of the measured error) and the same random tokens; the GPU computes with
+// bf16 activations and fp32 accumulation. Error measures, per compared tensor:
+//   rel_l2 = ||g - r||_2 / ||r||_2      cosine = <g, r> / (||g||·||r||)
+// With top_k = experts (no discrete routing choice) gradients must reach rel_l2 <= 2e-2 and
+// cosine >= 0.999. With top_k < experts a routing decision can flip for a token whose k-th and
+// (k+1)-th router logits nearly tie (bf16 vs fp32 inputs); such a flip moves one token between
+// experts, so that case checks the loss (1e-2 relative), cosine >= 0.99, and that >= 97% of the
+// routing assignments agree.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <cstring>
+#include <map>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/gpu.hpp"
+#include "optimizer/bf16.hpp"
+#include "tier/error.hpp"
+#include "trainer/cuda/model_cuda.hpp"
+#include "trainer/cuda/train_cuda.hpp"
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/train.hpp"
+#include "trainer/model_config.hpp"
+
+namespace ght::trainer {
+namespace {
+
+ModelConfig test_config(int top_k) {
+  // The `small` preset's widths (d 256, 8 heads of 32, 2 kv heads, 8 experts of 256, byte
+  // vocabulary) with 2 layers and 2 x 64 tokens, so the CPU reference runs in well under a second.
+  ModelConfig c = preset("small");
+  c.layers = 2;
+  c.seq_len = 64;
+  c.micro_batch = 2;
+  c.top_k = top_k;
+  return c;
+}
+
+struct Batch2 {
+  std::vector<std::int32_t> tokens, targets;
+};
+
+Batch2 random_batch(const ModelConfig& c, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int> tok(0, c.vocab - 1);
+  const std::size_t n = static_cast<std::size_t>(c.micro_batch) * c.seq_len;
+  Batch2 b;
+  b.tokens.resize(n);
+  b.targets.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    b.tokens[i] = tok(gen);
+    b.targets[i] = (i % 17 == 5) ? kIgnoreIndex : tok(gen);  // some ignored targets
+  }
+  return b;
+}
+
+void round_params_to_bf16(MoEModel<float>& m) {
+  for (float& x : m.params()) x = optimizer::bf16_bits_to_float(optimizer::float_to_bf16_bits(x));
+}
+
+struct Cmp {
+  double rel_l2 = 0, cosine = 0;
+};
+
+Cmp compare(std::span<const float> got, std::span<const float> ref) {
+  double dd = 0, rr = 0, gg = 0, gr = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    dd += (g - r) * (g - r);
+    rr += r * r;
+    gg += g * g;
+    gr += g * r;
+  }
+  Cmp c;
+  c.rel_l2 = std::sqrt(dd) / std::max(std::sqrt(rr), 1e-30);
+  c.cosine = gr / std::max(std::sqrt(gg * rr), 1e-30);
+  return c;
+}
+
+const std::vector<std::string>& checked_tensors() {
+  static const std::vector<std::string> names = {
+      "model.embed_tokens.weight",
+      "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.1.mlp.gate.weight",
+      "model.layers.0.mlp.experts.3.down_proj.weight",
+      "model.norm.weight",
+  };
+  return names;
+}
+
+std::vector<float> host_grads(const CudaMoEModel& m) {
+  std::vector<float> g(m.num_params());
+  m.store_grads(g);
+  return g;
+}
+
+std::span<const float> slice(const std::vector<float>& v, const NamedTensor& t) {
+  return std::span<const float>(v).subspan(t.offset, t.numel);
+}
+
+// ---- CPU-only checks (run in every CUDA build, GPU or not) ---------------------------------
+
+TEST(CudaModelLayout, TensorListMatchesCpuModel) {
+  for (const char* name : {"tiny", "small"}) {
+    for (bool tied : {true, false}) {
+      ModelConfig c = preset(name);
+      c.tied_embeddings = tied;
+      MoEModel<float> cpu(c);
+      const auto list = model_tensor_list(c);
+      ASSERT_EQ(list.size(), cpu.tensors().size()) << name;
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        const auto& a = list[i];
+        const auto& b = cpu.tensors()[i];
+        EXPECT_EQ(a.name, b.name);
+        EXPECT_EQ(a.shape, b.shape) << a.name;
+        EXPECT_EQ(a.offset, b.offset) << a.name;
+        EXPECT_EQ(a.numel, b.numel) << a.name;
+        EXPECT_EQ(a.decay, b.decay) << a.name;
+      }
+    }
+  }
+}
+
+TEST(CudaModelLayout, InitMatchesCpuModelBitForBit) {
+  ModelConfig odd;  // odd tensor sizes: tensors start on the sine half of a Box-Muller pair
+  odd.d_model = 7;
+  odd.heads = 2;
+  odd.kv_heads = 1;
+  odd.head_dim = 2;
+  odd.experts = 3;
+  odd.top_k = 1;
+  odd.expert_ffn = 5;
+  odd.vocab = 11;
+  odd.tied_embeddings = false;
+  ModelConfig tiny = preset("tiny");
+  tiny.tied_embeddings = false;
+  for (const ModelConfig& c : {odd, tiny}) {
+    MoEModel<float> cpu(c);
+    cpu.init(42);
+    std::size_t tensors = 0, mismatches = 0;
+    init_params_host(cpu.tensors(), 42, [&](std::size_t ti, std::span<const float> v) {
+      const auto& t = cpu.tensors()[ti];
+      ASSERT_EQ(v.size(), t.numel) << t.name;
+      const float* ref = cpu.params().data() + t.offset;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (std::memcmp(&v[i], &ref[i], sizeof(float)) != 0 && mismatches++ < 5) {
+          ADD_FAILURE() << t.name << "[" << i << "]: " << v[i] << " vs CPU " << ref[i];
+        }
+      }
+      ++tensors;
+    });
+    EXPECT_EQ(tensors, cpu.tensors().size());
+    EXPECT_EQ(mismatches, 0u);
+  }
+}
+
+// ---- GPU checks -----------------------------------------------------------------------------
+
+// Two micro-batches accumulated with loss_scale 1/2 on both models; returns the CPU grads.
+void run_pair(const ModelConfig& c, MoEModel<float>& cpu, CudaMoEModel& gpu, double loss_rel_tol,
+              std::vector<Loss>* cpu_losses = nullptr) {
+  cpu.zero_grad();
+  gpu.zero_grad();
+  for (int mb = 0; mb < 2; ++mb) {
+    const Batch2 b = random_batch(c, 100 + static_cast<std::uint32_t>(mb));
+    const Loss lc = cpu.forward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len);
+    cpu.backward(0.5f);
+    const Loss lg = gpu.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 0.5f);
+    EXPECT_EQ(lg.tokens, lc.tokens);
+    EXPECT_NEAR(lg.ce, lc.ce, loss_rel_tol * std::abs(lc.ce)) << "micro-batch " << mb;
+    EXPECT_NEAR(lg.total, lc.total, loss_rel_tol * std::abs(lc.total)) << "micro-batch " << mb;
+    EXPECT_NEAR(lg.aux, lc.aux, 1e-2 * std::abs(lc.aux) + 1e-4) << "micro-batch " << mb;
+    EXPECT_NEAR(lg.z, lc.z, 2e-2 * std::abs(lc.z) + 1e-4) << "micro-batch " << mb;
+    if (cpu_losses != nullptr) cpu_losses->push_back(lc);
+    std::printf("micro-batch %d: ce cpu %.6f gpu %.6f | aux cpu %.6f gpu %.6f | z cpu %.6f gpu %.6f\n", mb,
+                lc.ce, lg.ce, lc.aux, lg.aux, lc.z, lg.z);
+  }
+}
+
+TEST(CudaModel, LossAndGradientsMatchCpuWithoutRoutingChoice) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(/*top_k=*/8);  // every token uses every expert
+  MoEModel<float> cpu(c);
+  cpu.init(3);
+  round_params_to_bf16(cpu);
+  CudaMoEModel gpu(c);
+  gpu.load_weights(cpu.params());
+  run_pair(c, cpu, gpu, 1e-2);
+  const auto g = host_grads(gpu);
+  const std::vector<float> r(cpu.grads().begin(), cpu.grads().end());
+  for (const auto& name : checked_tensors()) {
+    const auto& t = cpu.tensor(name);
+    const Cmp m = compare(slice(g, t), slice(r, t));
+    std::printf("%-48s rel_l2 %.3e cosine %.6f\n", name.c_str(), m.rel_l2, m.cosine);
+    EXPECT_LE(m.rel_l2, 2e-2) << name;
+    EXPECT_GE(m.cosine, 0.999) << name;
+  }
+  const Cmp all = compare(g, r);
+  std::printf("all gradients: rel_l2 %.3e cosine %.6f\n", all.rel_l2, all.cosine);
+  EXPECT_LE(all.rel_l2, 2e-2);
+}
+
+TEST(CudaModel, LossAndGradientsMatchCpuWithTopK) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(/*top_k=*/2);
+  MoEModel<float> cpu(c);
+  cpu.init(4);
+  round_params_to_bf16(cpu);
+  CudaMoEModel gpu(c);
+  gpu.load_weights(cpu.params());
+  run_pair(c, cpu, gpu, 1e-2);
+  // Routing of the last micro-batch, layer by layer.
+  for (int l = 0; l < c.layers; ++l) {
+    const auto got = gpu.topk_indices(l);
+    const auto ref = cpu.topk_indices(l);
+    ASSERT_EQ(got.size(), ref.size());
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) same += got[i] == ref[i];
+    const double agree = static_cast<double>(same) / static_cast<double>(got.size());
+    std::printf("layer %d routing agreement %.4f\n", l, agree);
+    EXPECT_GE(agree, 0.97) << "layer " << l;
+  }
+  const auto g = host_grads(gpu);
+  const std::vector<float> r(cpu.grads().begin(), cpu.grads().end());
+  for (const auto& name : checked_tensors()) {
+    const auto& t = cpu.tensor(name);
+    const Cmp m = compare(slice(g, t), slice(r, t));
+    std::printf("%-48s rel_l2 %.3e cosine %.6f\n", name.c_str(), m.rel_l2, m.cosine);
+    EXPECT_GE(m.cosine, 0.99) << name;
+  }
+}
+
+TEST(CudaModel, LogitsMatchCpu) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(5);
+  round_params_to_bf16(cpu);
+  CudaMoEModel gpu(c);
+  gpu.load_weights(cpu.params());
+  const Batch2 b = random_batch(c, 7);
+  for (bool last_only : {true, false}) {
+    const std::size_t rows = last_only ? c.micro_batch : static_cast<std::size_t>(c.micro_batch) * c.seq_len;
+    std::vector<float> lc(rows * c.vocab), lg(rows * c.vocab);
+    cpu.logits(lc.data(), b.tokens.data(), c.micro_batch, c.seq_len, last_only);
+    gpu.logits(lg.data(), b.tokens.data(), c.micro_batch, c.seq_len, last_only);
+    const Cmp m = compare(lg, lc);
+    std::printf("logits (last_only %d): rel_l2 %.3e cosine %.6f\n", last_only, m.rel_l2, m.cosine);
+    EXPECT_LE(m.rel_l2, 2e-2);
+    EXPECT_GE(m.cosine, 0.999);
+  }
+}
+
+TEST(CudaModel, InitOnDeviceEqualsRoundedCpuInit) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(9);
+  round_params_to_bf16(cpu);
+  CudaMoEModel gpu(c);
+  gpu.init(9);
+  std::vector<float> w(gpu.num_params());
+  gpu.store_weights(w);
+  std::size_t diff = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) diff += w[i] != cpu.params()[i];
+  EXPECT_EQ(diff, 0u);
+}
+
+// Variants of the GPU model must agree with its reference configuration (same bf16 math; only
+// summation order, GEMM algorithms and cuDNN's atomic dQ may differ).
+TEST(CudaModel, VariantsAgree) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(6);
+  round_params_to_bf16(cpu);
+  const Batch2 b = random_batch(c, 11);
+  auto grads_of = [&](CudaModelOptions o, bool fused, Loss* loss) {
+    CudaMoEModel m(c, std::move(o));
+    m.load_weights(cpu.params());
+    m.zero_grad();
+    if (fused) {
+      *loss = m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+    } else {
+      *loss = m.forward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len);
+      m.backward(1.0f);
+    }
+    return host_grads(m);
+  };
+  Loss l_ref, l;
+  const auto ref = grads_of({}, true, &l_ref);
+  auto check = [&](const char* what, const std::vector<float>& g, const Loss& lv, double tol) {
+    const Cmp m = compare(g, ref);
+    std::printf("%-28s loss %.6f (ref %.6f) grads rel_l2 %.3e cosine %.6f\n", what, lv.total, l_ref.total,
+                m.rel_l2, m.cosine);
+    EXPECT_LE(m.rel_l2, tol) << what;
+    EXPECT_NEAR(lv.total, l_ref.total, 1e-3 * std::abs(l_ref.total)) << what;
+  };
+  check("forward() + backward()", grads_of({}, false, &l), l, 1e-3);
+  {
+    CudaModelOptions o;
+    o.recompute.assign(static_cast<std::size_t>(c.layers), true);
+    check("recompute every layer", grads_of(o, true, &l), l, 1e-3);
+  }
+  {
+    CudaModelOptions o;
+    o.recompute = {false, true};
+    check("recompute layer 1", grads_of(o, true, &l), l, 1e-3);
+  }
+  {
+    CudaModelOptions o;
+    o.expert_impl = kernels::cuda::GroupedGemmImpl::custom;
+    check("custom grouped GEMM", grads_of(o, true, &l), l, 1e-2);
+  }
+  {
+    CudaModelOptions o;
+    o.grad_type = optimizer::GradType::bf16;
+    check("bf16 gradients", grads_of(o, true, &l), l, 1e-2);
+  }
+  {
+    CudaModelOptions o;
+    o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+    check("fallback attention", grads_of(o, true, &l), l, 1e-2);
+  }
+  {
+    CudaModelOptions o;
+    o.ce_chunk_rows = 24;  // several chunks, the last one partial
+    check("chunked LM head", grads_of(o, true, &l), l, 1e-3);
+  }
+}
+
+TEST(CudaModel, HooksRunPerUnitInOrder) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  CudaMoEModel m(c);
+  m.init(1);
+  std::vector<int> fwd, bwd;
+  m.set_hooks({[&](int u) { fwd.push_back(u); }, [&](int u) { bwd.push_back(u); }});
+  const Batch2 b = random_batch(c, 3);
+  (void)m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+  const int U = m.num_units();
+  ASSERT_EQ(U, c.layers + 2);
+  ASSERT_EQ(static_cast<int>(fwd.size()), U);
+  ASSERT_EQ(static_cast<int>(bwd.size()), U);
+  for (int u = 0; u < U; ++u) {
+    EXPECT_EQ(fwd[static_cast<std::size_t>(u)], u);
+    EXPECT_EQ(bwd[static_cast<std::size_t>(u)], U - 1 - u);
+  }
+  // Units tile the flat parameter array.
+  std::size_t next = 0;
+  for (int u = 0; u < U; ++u) {
+    const auto [a, e] = m.unit_range(u);
+    EXPECT_EQ(a, next) << "unit " << u;
+    EXPECT_GT(e, a);
+    next = e;
+  }
+  EXPECT_EQ(next, m.num_params());
+}
+
+TEST(CudaModel, RejectsBadInputs) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  CudaMoEModel m(c);
+  Batch2 b = random_batch(c, 3);
+  b.tokens[7] = c.vocab;  // out of range
+  EXPECT_THROW((void)m.forward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len), ::ght::logic_error);
+  b = random_batch(c, 3);
+  b.targets[3] = -5;
+  EXPECT_THROW((void)m.forward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len), ::ght::logic_error);
+  std::vector<float> small(10);
+  EXPECT_THROW(m.load_weights(small), ::ght::logic_error);
+  EXPECT_THROW(m.backward(1.0f), ::ght::logic_error);  // no forward yet
+}
+
+
+// ---- the training loop ------------------------------------------------------------------------
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "ght_cuda_train_XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  [[nodiscard]] std::string str(const std::string& sub = "") const { return (path / sub).string(); }
+};
+
+// step -> loss and step -> eval loss of a run's log.jsonl.
+struct RunLog {
+  std::map<std::int64_t, double> loss, eval;
+};
+RunLog read_log(const std::string& run_dir) {
+  RunLog r;
+  std::ifstream in(run_dir + "/log.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("type") == "step") r.loss[j.at("step").get<std::int64_t>()] = j.at("loss").get<double>();
+    if (j.at("type") == "eval") r.eval[j.at("step").get<std::int64_t>()] = j.at("eval_loss").get<double>();
+  }
+  return r;
+}
+
+TrainConfig small_run_config(const std::string& data, const std::string& out) {
+  TrainConfig c;
+  c.model = preset("tiny");
+  c.model.seq_len = 64;
+  c.model.micro_batch = 4;
+  c.model.grad_accum = 2;  // exercises accumulation and the per-unit gradient zeroing
+  c.data = data;
+  c.out = out;
+  c.steps = 6;
+  c.eval_every = 3;
+  c.eval_batches = 2;
+  c.log_every = 1;
+  c.schedule.lr = 2e-3;
+  c.schedule.min_lr = 2e-4;
+  c.schedule.warmup_steps = 2;
+  c.schedule.total_steps = c.steps;
+  return c;
+}
+
+void write_random_corpus(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::mt19937 gen(5);
+  // A skewed distribution, so that a few steps visibly lower the loss.
+  std::geometric_distribution<int> tok(0.05);
+  auto make = [&](std::size_t n) {
+    std::vector<std::uint32_t> v(n);
+    for (auto& x : v) x = static_cast<std::uint32_t>(std::min(tok(gen), 255));
+    return v;
+  };
+  write_shard(dir + "/train_000000.bin", make(200000), TokenDtype::u16);
+  write_shard(dir + "/val_000000.bin", make(20000), TokenDtype::u16);
+}
+
+// The CUDA loop against the CPU loop on the same config, seed and data; then exact-position resume.
+TEST(CudaTrain, TracksCpuLoopAndResumes) {
+  GHT_REQUIRE_GPU();
+  TempDir tmp;
+  write_random_corpus(tmp.str("data"));
+  TrainRunOptions quiet;
+  quiet.quiet = true;
+
+  TrainConfig cpu_cfg = small_run_config(tmp.str("data"), tmp.str("cpu"));
+  cpu_cfg.backend = "cpu";
+  (void)train(cpu_cfg, quiet);
+  TrainConfig gpu_cfg = small_run_config(tmp.str("data"), tmp.str("gpu"));
+  gpu_cfg.backend = "cuda";
+  const TrainSummary sg = train_cuda(gpu_cfg, quiet);
+  EXPECT_EQ(sg.backend, "cuda");
+  EXPECT_EQ(sg.last_step, 6);
+  EXPECT_FALSE(sg.last_checkpoint.empty());
+  EXPECT_TRUE(std::filesystem::exists(tmp.str("gpu/profile.json")));
+
+  const RunLog lc = read_log(tmp.str("cpu")), lg = read_log(tmp.str("gpu"));
+  ASSERT_EQ(lg.loss.size(), 6u);
+  for (const auto& [step, loss] : lc.loss) {
+    ASSERT_TRUE(lg.loss.count(step)) << "step " << step;
+    std::printf("step %lld: cpu %.5f gpu %.5f\n", static_cast<long long>(step), loss, lg.loss.at(step));
+    EXPECT_NEAR(lg.loss.at(step), loss, 2e-2 * loss) << "step " << step;
+  }
+  EXPECT_LT(lg.loss.at(6), lg.loss.at(1));  // it learns
+  for (const auto& [step, loss] : lc.eval) {
+    ASSERT_TRUE(lg.eval.count(step)) << "eval at step " << step;
+    EXPECT_NEAR(lg.eval.at(step), loss, 2e-2 * loss) << "eval at step " << step;
+  }
+
+  // Stop at 3 (with a checkpoint), resume to 6: same data position and optimizer state, so the
+  // losses repeat those of the uninterrupted run (up to cuDNN's atomic dQ accumulation).
+  TrainConfig res_cfg = small_run_config(tmp.str("data"), tmp.str("resumed"));
+  TrainRunOptions first = quiet;
+  first.stop_at = 3;
+  (void)train_cuda(res_cfg, first);
+  TrainRunOptions second = quiet;
+  second.resume = "auto";
+  const TrainSummary sr = train_cuda(res_cfg, second);
+  EXPECT_EQ(sr.first_step, 3);
+  EXPECT_EQ(sr.last_step, 6);
+  const RunLog lr = read_log(tmp.str("resumed"));
+  for (std::int64_t step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(lr.loss.count(step)) << "step " << step;
+    EXPECT_NEAR(lr.loss.at(step), lg.loss.at(step), 1e-3 * lg.loss.at(step)) << "step " << step;
+  }
+}
+
+}  // namespace
+}  // namespace ght::trainer

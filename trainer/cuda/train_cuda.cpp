@@ -1,0 +1,838 @@
+// The CUDA training loop (see train_cuda.hpp). Mirrors trainer/train.cpp step for step; the
+// helpers it needs from there (snapshot/restore, evaluate) are re-written here for the GPU model.
+#include "trainer/cuda/train_cuda.hpp"
+
+#include <cuda_runtime_api.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "optimizer/accumulate.hpp"
+#include "optimizer/adamw.hpp"
+#include "tier/config.hpp"
+#include "tier/cuda_check.hpp"
+#include "tier/error.hpp"
+#include "tier/link.hpp"
+#include "tier/plan.hpp"
+#include "trainer/checkpoint.hpp"
+#include "trainer/cuda/model_cuda.hpp"
+#include "trainer/data.hpp"
+#include "trainer/metrics_log.hpp"
+#include "trainer/regions.hpp"
+#include "trainer/signals.hpp"
+
+namespace ght::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kPeakFlops = 989.4e12;  // dense bf16 peak of an H100/H200 SXM (DESIGN.md)
+
+// ---- placement -----------------------------------------------------------------------------
+
+// The plan's region group of a parameter tensor (trainer/regions.hpp naming).
+std::string plan_group(const std::string& name) {
+  if (name == "model.embed_tokens.weight") return "embed";
+  if (name == "lm_head.weight") return "lm_head";
+  if (name == "model.norm.weight") return "final_norm";
+  const std::string pre = "model.layers.";
+  if (name.rfind(pre, 0) == 0) {
+    const std::size_t dot = name.find('.', pre.size());
+    const std::string layer = "layer" + name.substr(pre.size(), dot - pre.size());
+    const std::string ex = ".mlp.experts.";
+    const std::size_t e = name.find(ex, dot);
+    if (e != std::string::npos) {
+      const std::size_t s = e + ex.size();
+      return layer + ".expert" + name.substr(s, name.find('.', s) - s);
+    }
+    return layer + ".attn";
+  }
+  return name;
+}
+
+struct Placement {
+  std::optional<tier::Plan> plan;
+  bool follow = false;  // the plan's state/grad/activation choices are obeyed
+  std::string why;
+};
+
+Placement make_placement(const ModelConfig& mc, const std::function<void(const std::string&)>& say) {
+  Placement p;
+  auto& reg = config::cfg();
+  const bool place_set = !reg.is_empty(config::Key::GHT_PLACE);
+  const bool policy_set = reg.source(config::Key::GHT_POLICY) != config::Source::Default;
+  try {
+    const tier::LinkNumbers link = tier::resolve_link_numbers();
+    const tier::Capacities caps = tier::machine_capacities();
+    const auto options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
+    p.plan = tier::make_plan(model_regions(mc), options);
+  } catch (const std::exception& e) {
+    // A plan the user asked for must exist; otherwise fall back to the documented defaults.
+    if (place_set || policy_set) throw;
+    say(std::string("plan: not available (") + e.what() + "); using the defaults below");
+  }
+  p.follow = p.plan.has_value() && (place_set || policy_set);
+  p.why = p.follow ? "following the plan (GHT_PLACE/GHT_POLICY set)"
+                   : "defaults: state on the host, gradients in HBM, no recompute "
+                     "(set GHT_PLACE or GHT_POLICY to follow the plan)";
+  return p;
+}
+
+// Master/m/v per region on the tier a function picks: HBM through cudaMalloc, host through the
+// optimizer's mapped pinned allocator. Counts bytes per tier for reports.
+class TierStateAllocator final : public optimizer::StateAllocator {
+ public:
+  using TierFn = std::function<TierKind(const std::string& region, TensorClass cls)>;
+  explicit TierStateAllocator(TierFn fn)
+      : fn_(std::move(fn)), host_(optimizer::make_host_state_allocator()) {}
+  optimizer::StateBuffer allocate(std::size_t bytes, TensorClass cls, const std::string& region) override {
+    const TierKind t = fn_(region, cls);
+    if (t == TierKind::hbm && !dev_) dev_ = optimizer::make_device_state_allocator();
+    optimizer::StateBuffer b = (t == TierKind::hbm ? *dev_ : *host_).allocate(bytes, cls, region);
+    bytes_[static_cast<int>(b.tier)] += bytes;
+    return b;
+  }
+  void deallocate(const optimizer::StateBuffer& b, std::size_t bytes, TensorClass cls) noexcept override {
+    bytes_[static_cast<int>(b.tier)] -= bytes;
+    (b.tier == TierKind::hbm ? *dev_ : *host_).deallocate(b, bytes, cls);
+  }
+  [[nodiscard]] std::uint64_t bytes(TierKind t) const { return bytes_[static_cast<int>(t)]; }
+
+ private:
+  TierFn fn_;
+  std::shared_ptr<optimizer::StateAllocator> host_, dev_;
+  std::uint64_t bytes_[2] = {0, 0};
+};
+
+// fp32 host accumulators for streamed gradients: mapped pinned, so the gpu_link AdamW reads
+// them over the link.
+class HostGradBuffer {
+ public:
+  explicit HostGradBuffer(std::size_t n) : n_(n) {
+    const cudaError_t err = cudaHostAlloc(&p_, std::max<std::size_t>(n * 4, 64), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw ght::out_of_memory("host gradient accumulator: cudaHostAlloc of " + config::format_bytes(n * 4) +
+                               " failed: " + cudaGetErrorString(err));
+    }
+  }
+  ~HostGradBuffer() { (void)cudaFreeHost(p_); }
+  HostGradBuffer(const HostGradBuffer&) = delete;
+  HostGradBuffer& operator=(const HostGradBuffer&) = delete;
+  [[nodiscard]] float* data() { return static_cast<float*>(p_); }
+  [[nodiscard]] std::size_t bytes() const { return n_ * 4; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// ---- timing --------------------------------------------------------------------------------
+
+class Event {
+ public:
+  Event() { GHT_CUDA_TRY(cudaEventCreate(&e_)); }
+  ~Event() { (void)cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(cudaStream_t s) { GHT_CUDA_TRY(cudaEventRecord(e_, s)); }
+  [[nodiscard]] cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+double elapsed_ms(const Event& a, const Event& b) {
+  float ms = 0;
+  GHT_CUDA_TRY(cudaEventElapsedTime(&ms, a.get(), b.get()));
+  return ms;
+}
+
+// The events of one step (two sets alternate, since a step's breakdown also reads the previous
+// step's last event).
+struct StepEvents {
+  explicit StepEvents(int micro, int units)
+      : fwd_start(static_cast<std::size_t>(micro)), fwd_end(static_cast<std::size_t>(micro)),
+        bwd_end(static_cast<std::size_t>(micro)), wait_before(static_cast<std::size_t>(units)),
+        wait_after(static_cast<std::size_t>(units)), waited(static_cast<std::size_t>(units), false) {}
+  std::vector<Event> fwd_start, fwd_end, bwd_end, wait_before, wait_after;
+  std::vector<bool> waited;
+  Event opt_start, opt_end;
+  bool opt_timed = false;
+};
+
+struct StepProfile {
+  std::int64_t step = 0;
+  double wall_ms = 0, forward_ms = 0, backward_ms = 0, opt_stall_ms = 0, step_gap_ms = 0,
+         opt_exposed_ms = 0, opt_host_ms = 0, grad_stream_host_ms = 0, mfu = 0, tokens_per_s = 0,
+         h2d_gb = 0, d2h_gb = 0;
+  std::optional<double> prev_opt_update_ms;
+  [[nodiscard]] nlohmann::ordered_json json() const {
+    nlohmann::ordered_json j = {{"step", step},
+                                {"wall_ms", wall_ms},
+                                {"forward_ms", forward_ms},
+                                {"backward_ms", backward_ms},
+                                {"opt_exposed_ms", opt_exposed_ms},
+                                {"opt_stall_ms", opt_stall_ms},
+                                {"step_gap_ms", step_gap_ms},
+                                {"opt_host_ms", opt_host_ms},
+                                {"grad_stream_host_ms", grad_stream_host_ms},
+                                {"mfu", mfu},
+                                {"tokens_per_s", tokens_per_s},
+                                {"link_gb_h2d", h2d_gb},
+                                {"link_gb_d2h", d2h_gb}};
+    if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
+    return j;
+  }
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string fmt(const char* f, double a) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, a);
+  return b;
+}
+
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o || !(o << text) || !o.flush()) throw ght::io_error(tmp + ": cannot write");
+  }
+  fs::rename(tmp, path);
+}
+
+// ---- the run -------------------------------------------------------------------------------
+
+class CudaRun {
+ public:
+  CudaRun(const TrainConfig& cfg, const TrainRunOptions& run) : cfg_(cfg), run_(run) {}
+  ~CudaRun() {
+    // Pending updates read gradients and write weights: finish them before anything is freed.
+    try {
+      if (opt_) opt_->synchronize();
+    } catch (...) {
+    }
+    if (model_) (void)cudaStreamSynchronize(model_->stream());
+    if (timer_stream_ != nullptr) (void)cudaStreamDestroy(timer_stream_);
+    if (grad_ready_stream_ != nullptr) (void)cudaStreamDestroy(grad_ready_stream_);
+  }
+  CudaRun(const CudaRun&) = delete;
+  CudaRun& operator=(const CudaRun&) = delete;
+  TrainSummary go();
+
+ private:
+  void say(const std::string& s) const {
+    if (!run_.quiet) std::cout << s << std::endl;
+  }
+  void setup();
+  void init_or_resume();
+  void train_loop();
+  void step_once();
+  double evaluate();
+  void save_ckpt(std::int64_t s);
+  void write_profile() const;
+  std::string stats_report() const;
+  void before_unit_forward(int u);
+  void after_unit_backward(int u);
+  void stream_unit(int u);
+
+  TrainConfig cfg_;
+  TrainRunOptions run_;
+  TrainSummary summary_;
+  DataSplit split_;
+  std::unique_ptr<DataLoader> loader_;
+  Placement placement_;
+  bool stream_grads_ = false;
+  std::vector<bool> recompute_;
+  // Declaration order is destruction order reversed: the optimizer (which reads the gradient
+  // buffers and writes the model's weights) goes first.
+  std::unique_ptr<CudaMoEModel> model_;
+  std::unique_ptr<HostGradBuffer> host_grads_;
+  std::unique_ptr<optimizer::GradStreamAccumulator> acc_;
+  std::shared_ptr<TierStateAllocator> state_alloc_;
+  std::unique_ptr<optimizer::AdamW> opt_;
+  std::unique_ptr<MetricsLogger> log_;
+  std::vector<std::vector<std::size_t>> unit_regions_;  // regions (tensors) of each unit
+  std::vector<std::pair<std::size_t, std::size_t>> unit_range_;
+  double link_h2d_per_step_ = 0, link_d2h_per_step_ = 0;
+  std::int64_t step_ = 0;
+  std::chrono::steady_clock::time_point t_start_;
+
+  // Per-step state read by the model hooks.
+  bool training_ = false;
+  bool opt_launched_ = false;
+  int micro_ = 0;
+  int pending_unit_ = -1;
+  double stream_host_ms_ = 0;
+  std::unique_ptr<StepEvents> ev_[2];
+  StepEvents* cur_ = nullptr;
+  StepEvents* prev_ = nullptr;
+  cudaStream_t timer_stream_ = nullptr;
+  cudaStream_t grad_ready_stream_ = nullptr;  // stream mode: gates the accumulator per unit
+  std::vector<Event> unit_done_;              // stream mode: recorded after each unit's backward
+  std::vector<StepProfile> profile_;
+  std::string mfu_formula_;
+  bool extra_work_since_last_step_ = false;
+};
+
+void CudaRun::setup() {
+  cfg_.validate();
+  const ModelConfig& mc = cfg_.model;
+  if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    throw ght::logic_error("train.backend=cuda: no usable CUDA device");
+  }
+  const auto dev = static_cast<int>(config::cfg().get_int(config::Key::GHT_DEVICE));
+  GHT_EXPECTS(dev < devices, "GHT_DEVICE=" + std::to_string(dev) + " but only " + std::to_string(devices) +
+                                 " CUDA device(s) exist");
+  GHT_CUDA_TRY(cudaSetDevice(dev));
+  cudaDeviceProp prop{};
+  GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
+
+  split_ = resolve_split(cfg_.data);
+  GHT_EXPECTS(!split_.train.empty(), "no train_* shards under " + cfg_.data + " (run `ght prep` first)");
+  LoaderOptions lo;
+  lo.batch = mc.micro_batch;
+  lo.seq_len = mc.seq_len;
+  lo.seed = cfg_.seed;
+  lo.vocab = mc.vocab;
+  loader_ = std::make_unique<DataLoader>(split_.train, lo);
+
+  // ---- the plan ----
+  placement_ = make_placement(mc, [&](const std::string& s) { say(s); });
+  if (placement_.plan) say("plan:\n" + placement_.plan->format_table(false));
+  say("placement: " + placement_.why);
+  const optimizer::PathChoice choice = optimizer::path_choice_from_config();
+  recompute_.assign(static_cast<std::size_t>(mc.layers), false);
+  if (placement_.follow) {
+    const tier::Plan& plan = *placement_.plan;
+    stream_grads_ = plan.mode_summary(TensorClass::grad) == "stream";
+    if (plan.mode_summary(TensorClass::grad) == "mixed") {
+      say("note: the plan streams only some gradient regions; all gradients are accumulated in HBM");
+    }
+    for (int l = 0; l < mc.layers; ++l) {
+      const tier::Decision* d = plan.find("layer" + std::to_string(l) + ".activation");
+      recompute_[static_cast<std::size_t>(l)] = d != nullptr && d->mode == tier::Mode::recompute;
+    }
+  }
+
+  // ---- the model ----
+  CudaModelOptions mo;
+  // Streamed gradients are bf16 per micro-batch (half the D2H bytes); HBM accumulation is fp32.
+  mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : optimizer::GradType::fp32;
+  mo.recompute = recompute_;
+  model_ = std::make_unique<CudaMoEModel>(mc, mo);
+  const int U = model_->num_units();
+  for (int u = 0; u < U; ++u) unit_range_.push_back(model_->unit_range(u));
+
+  // ---- the optimizer ----
+  const tier::Plan* plan = placement_.follow ? &*placement_.plan : nullptr;
+  state_alloc_ = std::make_shared<TierStateAllocator>([choice, plan](const std::string& region, TensorClass cls) {
+    if (choice == optimizer::PathChoice::device) return TierKind::hbm;
+    if (choice != optimizer::PathChoice::automatic || plan == nullptr) return TierKind::host;
+    return plan->tier_for(plan_group(region) + "." + std::string(ght::to_string(cls)), cls);
+  });
+  if (stream_grads_) {
+    host_grads_ = std::make_unique<HostGradBuffer>(model_->num_params());
+    acc_ = std::make_unique<optimizer::GradStreamAccumulator>();
+  }
+  std::vector<optimizer::Region> regions;
+  const auto& ts = model_->tensors();
+  unit_regions_.assign(static_cast<std::size_t>(U), {});
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const NamedTensor& t = ts[r];
+    optimizer::Region g;
+    g.name = t.name;
+    g.n = t.numel;
+    g.weight_decay = t.decay;
+    g.weight = model_->weights() + t.offset;
+    if (stream_grads_) {
+      g.grad = host_grads_->data() + t.offset;
+    } else {
+      g.grad = static_cast<float*>(model_->grads()) + t.offset;
+    }
+    g.grad_type = optimizer::GradType::fp32;
+    regions.push_back(std::move(g));
+    for (int u = 0; u < U; ++u) {
+      if (t.offset >= unit_range_[static_cast<std::size_t>(u)].first &&
+          t.offset < unit_range_[static_cast<std::size_t>(u)].second) {
+        unit_regions_[static_cast<std::size_t>(u)].push_back(r);
+      }
+    }
+  }
+  optimizer::AdamWOptions ao;
+  ao.hyper = cfg_.adam;
+  ao.cpu_threads = cfg_.threads;
+  opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, state_alloc_);
+
+  // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
+  std::size_t by_path[3] = {0, 0, 0};
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const auto n = static_cast<double>(ts[r].numel);
+    const optimizer::Path p = opt_->path(r);
+    by_path[static_cast<int>(p)] += ts[r].numel;
+    if (p == optimizer::Path::gpu_link) {
+      // Host master, m and v read and written once (12 B each way); a host gradient is read too.
+      // (A region whose state the plan split between tiers is counted as all-host: an upper bound.)
+      link_h2d_per_step_ += 12 * n + (stream_grads_ ? 4 * n : 0);
+      link_d2h_per_step_ += 12 * n;
+    } else if (p == optimizer::Path::cpu) {
+      link_d2h_per_step_ += stream_grads_ ? 0 : 4 * n;  // fp32 gradient down
+      link_h2d_per_step_ += 2 * n;                       // bf16 weight up
+    } else if (stream_grads_) {
+      link_h2d_per_step_ += 4 * n;  // device state, host gradient
+    }
+    if (stream_grads_) link_d2h_per_step_ += 2.0 * n * mc.grad_accum;  // bf16 per micro-batch
+  }
+
+  model_->set_hooks({[this](int u) { before_unit_forward(u); }, [this](int u) { after_unit_backward(u); }});
+  ev_[0] = std::make_unique<StepEvents>(mc.grad_accum, U);
+  ev_[1] = std::make_unique<StepEvents>(mc.grad_accum, U);
+  GHT_CUDA_TRY(cudaStreamCreateWithFlags(&timer_stream_, cudaStreamNonBlocking));
+  if (stream_grads_) {
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&grad_ready_stream_, cudaStreamNonBlocking));
+    unit_done_ = std::vector<Event>(static_cast<std::size_t>(U));
+  }
+
+  const double fpt = mc.flops_per_token();
+  mfu_formula_ = "MFU = flops_per_token x tokens_per_step / step_seconds / 989.4e12, flops_per_token = "
+                 "6 x N_active_nonembedding + 12 x L x H x d_head x T = 6 x " +
+                 std::to_string(mc.active_nonembedding_params()) + " + 12 x " + std::to_string(mc.layers) +
+                 " x " + std::to_string(mc.heads) + " x " + std::to_string(mc.head_dim) + " x " +
+                 std::to_string(mc.seq_len) + " = " + fmt("%.4g", fpt) + " FLOP/token";
+  const auto mem = model_->memory();
+  say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
+      std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
+      " tokens/step, backend cuda on " + prop.name);
+  say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
+      (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_->bytes()) + " fp32 host accumulator)"
+                     : " (fp32, accumulated in HBM)") +
+      "; optimizer state HBM " + config::format_bytes(state_alloc_->bytes(TierKind::hbm)) + ", host " +
+      config::format_bytes(state_alloc_->bytes(TierKind::host)));
+  say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
+      ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
+      " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
+  int rc = 0;
+  for (bool b : recompute_) rc += b ? 1 : 0;
+  say("activations: " + std::to_string(rc) + " of " + std::to_string(mc.layers) + " layers recomputed");
+  say(mfu_formula_);
+}
+
+void CudaRun::init_or_resume() {
+  const auto& ts = model_->tensors();
+  std::optional<std::string> dir;
+  if (!run_.resume.empty()) {
+    if (run_.resume == "auto") {
+      dir = find_latest(cfg_.out);
+      if (!dir) say("resume auto: no committed checkpoint in " + cfg_.out + "; starting fresh");
+    } else {
+      dir = run_.resume;
+    }
+  }
+  if (!dir) {
+    // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
+    init_params_host(ts, cfg_.seed, [&](std::size_t r, std::span<const float> v) {
+      model_->load_weights(ts[r].offset, v);
+      opt_->load_state(r, v.data(), nullptr, nullptr);
+    });
+    model_->zero_grad();
+    return;
+  }
+  const CheckpointData c = load(*dir);
+  const TrainConfig saved = TrainConfig::from_json(c.config);
+  GHT_EXPECTS(saved.to_json()["model"] == cfg_.to_json()["model"],
+              "checkpoint " + *dir + " was written for a different model config");
+  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + *dir + " has " + std::to_string(c.master.size()) +
+                                                " optimizer tensors; the model has " + std::to_string(ts.size()));
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const auto& t = ts[r];
+    const auto& ms = c.master[r];
+    GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
+                    c.adam_v[r].data.size() == t.numel,
+                "checkpoint " + *dir + ": tensor " + ms.name + " does not match the model's " + t.name);
+    opt_->load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
+    model_->load_weights(t.offset, ms.data);
+  }
+  opt_->set_step_count(c.optimizer.at("step").get<std::int64_t>());
+  loader_->restore(LoaderState::from_json(c.data_position));
+  model_->zero_grad();
+  step_ = c.step;
+  say("resumed from " + *dir + " at step " + std::to_string(step_));
+}
+
+// ---- hooks -----------------------------------------------------------------------------------
+
+void CudaRun::before_unit_forward(int u) {
+  const cudaStream_t s = model_->stream();
+  const auto uu = static_cast<std::size_t>(u);
+  // Later micro-batches are ordered after micro-batch 0 on the same stream: one wait suffices.
+  if (opt_launched_ && (!training_ || micro_ == 0)) {
+    // The unit's weights are final once every one of its regions' last chunk is written.
+    const bool timed = training_;
+    if (timed) cur_->wait_before[uu].record(s);
+    for (std::size_t r : unit_regions_[uu]) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+    if (timed) {
+      cur_->wait_after[uu].record(s);
+      cur_->waited[uu] = true;
+    }
+  }
+  if (training_ && (micro_ == 0 || stream_grads_)) {
+    // This unit's gradients were read by the last update (waited for above): clear them now
+    // instead of all at once at the start of the step, which would wait for the whole update.
+    const auto [a, e] = unit_range_[uu];
+    const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
+    GHT_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(model_->grads()) + a * gsize, 0, (e - a) * gsize, s));
+  }
+  if (training_ && u == model_->num_units() - 1) cur_->fwd_end[static_cast<std::size_t>(micro_)].record(s);
+}
+
+void CudaRun::after_unit_backward(int u) {
+  if (!training_ || !stream_grads_) return;
+  unit_done_[static_cast<std::size_t>(u)].record(model_->stream());
+  // One unit behind: the accumulator blocks the host until the unit's gradients are added, so
+  // the next unit's backward must already be queued to keep the GPU busy meanwhile.
+  if (pending_unit_ >= 0) stream_unit(pending_unit_);
+  pending_unit_ = u;
+}
+
+void CudaRun::stream_unit(int u) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [a, e] = unit_range_[static_cast<std::size_t>(u)];
+  // The accumulator waits for everything queued on its producer stream; a side stream that
+  // waits only for this unit's backward keeps it from waiting for the next unit's as well.
+  GHT_CUDA_TRY(cudaStreamWaitEvent(grad_ready_stream_, unit_done_[static_cast<std::size_t>(u)].get(), 0));
+  acc_->run(host_grads_->data() + a, static_cast<const char*>(model_->grads()) + a * 2, optimizer::GradType::bf16,
+            e - a, micro_ == 0 ? optimizer::AccumulateMode::assign : optimizer::AccumulateMode::add,
+            grad_ready_stream_);
+  stream_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- one step ----------------------------------------------------------------------------------
+
+void CudaRun::step_once() {
+  const ModelConfig& mc = cfg_.model;
+  const int B = mc.micro_batch, T = mc.seq_len, A = mc.grad_accum;
+  const cudaStream_t s = model_->stream();
+  const auto t0 = std::chrono::steady_clock::now();
+  cur_ = ev_[step_ % 2].get();  // prev_ is the other set: the previous step's events
+  std::fill(cur_->waited.begin(), cur_->waited.end(), false);
+  stream_host_ms_ = 0;
+
+  training_ = true;
+  Batch b;
+  double loss = 0, aux = 0;
+  // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63).
+  constexpr int kSlots = 63;
+  auto add_loss = [&](int m) {
+    const Loss l = model_->collect_loss(m % kSlots);
+    loss += l.ce / A;
+    aux += l.aux / A;
+  };
+  for (micro_ = 0; micro_ < A; ++micro_) {
+    loader_->next(b);
+    if (micro_ >= kSlots) add_loss(micro_ - kSlots);
+    cur_->fwd_start[static_cast<std::size_t>(micro_)].record(s);
+    pending_unit_ = -1;
+    model_->forward_backward_async(b.inputs.data(), b.targets.data(), B, T, 1.0f / static_cast<float>(A),
+                                   micro_ % kSlots);
+    if (stream_grads_ && pending_unit_ >= 0) stream_unit(pending_unit_);
+    pending_unit_ = -1;
+    cur_->bwd_end[static_cast<std::size_t>(micro_)].record(s);
+  }
+  micro_ = 0;
+  training_ = false;
+
+  // ---- the optimizer: every gradient is final ----
+  const double lr = lr_at(cfg_.schedule, step_);
+  const optimizer::StepResult sr = opt_->begin_step(lr, s);
+  const auto t_opt = std::chrono::steady_clock::now();
+  const bool gpu_opt = opt_->stream() != nullptr;
+  if (gpu_opt) cur_->opt_start.record(opt_->stream());
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
+  if (gpu_opt) {
+    for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+      GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
+    }
+    cur_->opt_end.record(timer_stream_);
+    cur_->opt_timed = true;
+  }
+  opt_launched_ = true;
+  const double opt_host_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
+
+  for (int m = std::max(0, A - kSlots); m < A; ++m) add_loss(m);
+  ++step_;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  // ---- breakdown (every compute-stream event of this step has completed: begin_step waited) ----
+  StepProfile p;
+  p.step = step_;
+  p.wall_ms = dt * 1e3;
+  for (int m = 0; m < A; ++m) {
+    const auto mm = static_cast<std::size_t>(m);
+    p.forward_ms += elapsed_ms(cur_->fwd_start[mm], cur_->fwd_end[mm]);
+    p.backward_ms += elapsed_ms(cur_->fwd_end[mm], cur_->bwd_end[mm]);
+  }
+  for (std::size_t u = 0; u < cur_->waited.size(); ++u) {
+    if (cur_->waited[u]) p.opt_stall_ms += elapsed_ms(cur_->wait_before[u], cur_->wait_after[u]);
+  }
+  p.forward_ms -= p.opt_stall_ms;
+  if (prev_ != nullptr) {
+    // An eval or a checkpoint between the steps is not optimizer time: leave that gap out.
+    if (!extra_work_since_last_step_) {
+      p.step_gap_ms = elapsed_ms(prev_->bwd_end[static_cast<std::size_t>(A - 1)], cur_->fwd_start[0]);
+    }
+    if (prev_->opt_timed) {
+      // The previous update finished before this step's forward passed its last unit.
+      GHT_CUDA_TRY(cudaEventSynchronize(prev_->opt_end.get()));
+      p.prev_opt_update_ms = elapsed_ms(prev_->opt_start, prev_->opt_end);
+    }
+  }
+  p.opt_exposed_ms = p.opt_stall_ms + p.step_gap_ms;
+  p.opt_host_ms = opt_host_ms;
+  p.grad_stream_host_ms = stream_host_ms_;
+  const auto tokens = static_cast<double>(mc.tokens_per_step());
+  p.tokens_per_s = tokens / dt;
+  p.mfu = mc.flops_per_token() * tokens / dt / kPeakFlops;
+  p.h2d_gb = sr.taken ? link_h2d_per_step_ / 1e9 : 0;
+  p.d2h_gb = sr.taken ? link_d2h_per_step_ / 1e9 : 0;
+  profile_.push_back(p);
+  prev_ = cur_;
+  extra_work_since_last_step_ = false;
+
+  StepRecord rec;
+  rec.step = step_;
+  rec.loss = loss;
+  rec.aux_loss = aux;
+  rec.grad_norm = sr.grad_norm;
+  rec.lr = lr;
+  rec.tokens_per_s = p.tokens_per_s;
+  rec.mfu = p.mfu;
+  rec.link_gb_h2d = p.h2d_gb;
+  rec.link_gb_d2h = p.d2h_gb;
+  rec.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+  rec.skipped_steps = opt_->stats().steps_skipped_nonfinite;
+  log_->log_step(rec);
+  nlohmann::ordered_json pj = p.json();
+  pj["type"] = "profile";
+  log_->log_event(pj);
+  if (cfg_.log_every > 0 && (step_ % cfg_.log_every == 0 || step_ == cfg_.steps)) {
+    std::string line = "  fwd " + fmt("%.1f", p.forward_ms) + " ms | bwd " + fmt("%.1f", p.backward_ms) +
+                       " ms | opt exposed " + fmt("%.1f", p.opt_exposed_ms) + " ms (stall " +
+                       fmt("%.1f", p.opt_stall_ms) + ", gap " + fmt("%.1f", p.step_gap_ms) + ")";
+    if (p.prev_opt_update_ms) line += " | opt update " + fmt("%.1f", *p.prev_opt_update_ms) + " ms";
+    if (stream_grads_) line += " | grad stream host " + fmt("%.1f", p.grad_stream_host_ms) + " ms";
+    log_->print(line);
+  }
+  summary_.last_loss = loss;
+}
+
+double CudaRun::evaluate() {
+  const ModelConfig& mc = cfg_.model;
+  LoaderOptions lo;
+  lo.batch = mc.micro_batch;
+  lo.seq_len = mc.seq_len;
+  lo.shuffle = false;
+  lo.vocab = mc.vocab;
+  DataLoader val(split_.val, lo);
+  double sum = 0;
+  Batch b;
+  for (int i = 0; i < cfg_.eval_batches; ++i) {
+    val.next(b);
+    // The forward hooks wait for the pending update (training_ is false: nothing is zeroed).
+    sum += model_->forward(b.inputs.data(), b.targets.data(), mc.micro_batch, mc.seq_len).ce;
+  }
+  return sum / cfg_.eval_batches;
+}
+
+void CudaRun::save_ckpt(std::int64_t s) {
+  if (!config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS)) return;
+  opt_->synchronize();
+  const auto& ts = model_->tensors();
+  CheckpointView v;
+  std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
+  owned.reserve(3 * ts.size());
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const NamedTensor& t = ts[r];
+    const float* arr[3] = {nullptr, nullptr, nullptr};
+    const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
+    for (int i = 0; i < 3; ++i) {
+      const optimizer::StateBuffer& sb = opt_->state(r, cls[i]);
+      if (sb.host != nullptr) {
+        arr[i] = static_cast<const float*>(sb.host);
+      } else {
+        auto& o = owned.emplace_back(t.numel);
+        opt_->save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
+        arr[i] = o.data();
+      }
+    }
+    // As on the CPU backend, the checkpoint's weights are the fp32 master weights.
+    v.weights.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
+    v.master.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
+    v.adam_m.push_back({t.name, t.shape, std::span<const float>(arr[1], t.numel)});
+    v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
+  }
+  v.optimizer = {{"step", opt_->step_count()}, {"steps_skipped_nonfinite", opt_->stats().steps_skipped_nonfinite}};
+  v.data_position = loader_->state().to_json();
+  v.rng = {{"init_seed", cfg_.seed}, {"note", "training draws no random numbers after init"}};
+  v.config = cfg_.to_json();
+  summary_.last_checkpoint = save(cfg_.out, s, v);
+  prune(cfg_.out, cfg_.keep);
+}
+
+void CudaRun::write_profile() const {
+  nlohmann::ordered_json j;
+  const ModelConfig& mc = cfg_.model;
+  j["formula"] = mfu_formula_;
+  j["peak_flops"] = kPeakFlops;
+  j["flops_per_token"] = mc.flops_per_token();
+  j["tokens_per_step"] = mc.tokens_per_step();
+  j["definitions"] = {
+      {"forward_ms", "compute stream, embedding through the last layer, minus opt_stall_ms"},
+      {"backward_ms", "compute stream, final norm + fused LM head/CE (forward and backward) + every layer's backward"},
+      {"opt_stall_ms", "compute stream waiting in this step's forward for the previous update's per-unit events"},
+      {"step_gap_ms", "compute stream idle between the previous step's last backward and this step's first forward "
+                      "(grad-norm, update launch, host work)"},
+      {"opt_exposed_ms", "opt_stall_ms + step_gap_ms"},
+      {"prev_opt_update_ms", "optimizer stream duration of the previous step's update (overlapped or not)"},
+      {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"}};
+  nlohmann::ordered_json pl;
+  pl["placement"] = placement_.why;
+  pl["gradients"] = stream_grads_ ? "stream (bf16 -> fp32 host accumulator)" : "accumulate in HBM (fp32)";
+  pl["state_hbm_bytes"] = state_alloc_ ? state_alloc_->bytes(TierKind::hbm) : 0;
+  pl["state_host_bytes"] = state_alloc_ ? state_alloc_->bytes(TierKind::host) : 0;
+  int rc = 0;
+  for (bool b : recompute_) rc += b ? 1 : 0;
+  pl["recomputed_layers"] = rc;
+  j["placement"] = pl;
+  nlohmann::ordered_json steps = nlohmann::ordered_json::array();
+  std::vector<double> fw, bw, ex, wall, mfu, tps, upd;
+  for (const auto& p : profile_) {
+    steps.push_back(p.json());
+    if (&p == &profile_.front() && profile_.size() > 1) continue;  // warm-up step
+    fw.push_back(p.forward_ms);
+    bw.push_back(p.backward_ms);
+    ex.push_back(p.opt_exposed_ms);
+    wall.push_back(p.wall_ms);
+    mfu.push_back(p.mfu);
+    tps.push_back(p.tokens_per_s);
+    if (p.prev_opt_update_ms) upd.push_back(*p.prev_opt_update_ms);
+  }
+  j["median_excluding_first_step"] = {{"wall_ms", median(wall)},   {"forward_ms", median(fw)},
+                                      {"backward_ms", median(bw)}, {"opt_exposed_ms", median(ex)},
+                                      {"opt_update_ms", median(upd)}, {"mfu", median(mfu)},
+                                      {"tokens_per_s", median(tps)}, {"link_gb_h2d", link_h2d_per_step_ / 1e9},
+                                      {"link_gb_d2h", link_d2h_per_step_ / 1e9}};
+  j["steps"] = steps;
+  fs::create_directories(cfg_.out);
+  write_text_atomic((fs::path(cfg_.out) / "profile.json").string(), j.dump(2) + "\n");
+}
+
+std::string CudaRun::stats_report() const {
+  std::string s;
+  if (model_) s += model_->memory_report();
+  if (state_alloc_) {
+    s += "; optimizer state: HBM " + config::format_bytes(state_alloc_->bytes(TierKind::hbm)) + ", host " +
+         config::format_bytes(state_alloc_->bytes(TierKind::host)) + " (mapped pinned)";
+  }
+  if (host_grads_) s += "; host gradient accumulator " + config::format_bytes(host_grads_->bytes());
+  return s;
+}
+
+void CudaRun::train_loop() {
+  MetricsLogOptions lopt;
+  lopt.jsonl_path = (fs::path(cfg_.out) / "log.jsonl").string();
+  lopt.total_steps = cfg_.steps;
+  lopt.quiet = run_.quiet;
+  lopt.console_every = cfg_.log_every;
+  log_ = std::make_unique<MetricsLogger>(lopt);
+  log_->log_event({{"type", "config"}, {"step", step_}, {"config", cfg_.to_json()}});
+  log_->log_event({{"type", "mfu_formula"}, {"formula", mfu_formula_}});
+
+  install_stop_handlers();
+  t_start_ = std::chrono::steady_clock::now();
+  const std::int64_t last = run_.stop_at ? std::min(*run_.stop_at, cfg_.steps) : cfg_.steps;
+  while (step_ < last) {
+    step_once();
+    if ((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || step_ == cfg_.steps) {
+      if (!split_.val.empty()) {
+        extra_work_since_last_step_ = true;
+        summary_.eval_loss = evaluate();
+        log_->log_eval(step_, *summary_.eval_loss,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count());
+      }
+    }
+    if (stop_requested()) {
+      log_->print("signal " + std::to_string(stop_signal()) + " received: checkpointing at step " +
+                  std::to_string(step_) + " and exiting");
+      save_ckpt(step_);
+      summary_.stopped_by_signal = true;
+      break;
+    }
+    if ((cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) || step_ == last) {
+      extra_work_since_last_step_ = true;
+      save_ckpt(step_);
+    }
+  }
+  opt_->synchronize();
+  GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
+  log_->finish();
+  uninstall_stop_handlers();
+}
+
+TrainSummary CudaRun::go() {
+  summary_.backend = "cuda";
+  try {
+    setup();
+    fs::create_directories(cfg_.out);
+    init_or_resume();
+    summary_.first_step = step_;
+    train_loop();
+  } catch (const ght::out_of_memory& e) {
+    uninstall_stop_handlers();
+    if (!profile_.empty()) write_profile();
+    throw ght::out_of_memory(std::string("train (cuda): out of memory at step ") + std::to_string(step_ + 1) +
+                             ": " + e.what() + "; " + stats_report() + "; last good checkpoint: " +
+                             (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
+  } catch (const ght::cuda_error& e) {
+    uninstall_stop_handlers();
+    if (!profile_.empty()) write_profile();
+    throw ght::cuda_error(std::string("train (cuda): CUDA error at step ") + std::to_string(step_ + 1) + ": " +
+                          e.what() + "; " + stats_report() + "; last good checkpoint: " +
+                          (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
+  }
+  write_profile();
+  summary_.last_step = step_;
+  if (!summary_.last_checkpoint.empty()) say("checkpoint: " + summary_.last_checkpoint);
+  say("profile: " + (fs::path(cfg_.out) / "profile.json").string());
+  return summary_;
+}
+
+}  // namespace
+
+TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run) {
+  CudaRun r(cfg, run);
+  return r.go();
+}
+
+}  // namespace ght::trainer

@@ -1,0 +1,38 @@
+#pragma once
+/**
+ * @file train_cuda.hpp
+ * @brief The training loop on the CUDA backend: same configuration, data order, schedule,
+ * logging, evaluation and checkpoint format as the CPU loop (trainer/train.cpp), with
+ *  - bf16 weights in HBM (trainer/cuda/model_cuda.hpp);
+ *  - fp32 master/m/v from the optimizer's StateAllocator: host (mapped pinned) by default, HBM
+ *    with GHT_OPTIMIZER=device, or per region as the plan says when GHT_PLACE or GHT_POLICY is
+ *    set explicitly;
+ *  - gradients accumulated in HBM (fp32), or, when the plan streams them, copied as bf16 to the
+ *    host after each unit's backward and added into fp32 host accumulators (optimizer/
+ *    accumulate.hpp);
+ *  - per-layer activation recompute where the plan chooses it (same condition as above);
+ *  - AdamW (optimizer/adamw.hpp) with one region per tensor. The global-norm clip and the
+ *    non-finite guard need every gradient, so the updates are launched right after the last
+ *    backward, in forward order, on the optimizer's stream; the next step's forward waits per
+ *    unit (embedding, each layer, final norm/head) only for that unit's regions, and zeroes
+ *    that unit's gradients there, so the update overlaps the next forward.
+ *
+ * Per step it logs loss, grad norm, lr, tokens/s, MFU (formula printed once) and link GB each
+ * way, and writes a forward / backward / exposed-optimizer breakdown (CUDA events) per step to
+ * <out>/profile.json. A CUDA error or out-of-memory ends the run with a ght::cuda_error /
+ * ght::out_of_memory naming the step, the op and the model's and optimizer's memory by tier;
+ * checkpoints are atomic, so the last committed one stays valid.
+ */
+#include "trainer/train.hpp"
+#include "trainer/train_config.hpp"
+
+namespace ght::trainer {
+
+/**
+ * @brief Train on the GPU (defined only in CUDA builds).
+ * @throws ght::logic_error without a usable GPU or for a bad configuration; ght::cuda_error /
+ *         ght::out_of_memory as described above; ght::io_error for data or checkpoint files
+ */
+TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run = {});
+
+}  // namespace ght::trainer
