@@ -1,0 +1,379 @@
+// bench_optimizer: every AdamW path and the CPU gradient accumulator as a fraction of a roofline
+// measured in the same process.
+//
+//   gpu_link  (state in pinned host memory, grads and weights in HBM)
+//             link bytes per parameter: 12 read (master, m, v) + 12 written = 24;
+//             roofline = bidirectional pinned memcpy bandwidth (two streams) / 24 B
+//   device    (all in HBM) bytes per parameter 28; roofline = HBM copy bandwidth / 28 B
+//   cpu       host rows (bench_cpu.cpp) against host triad with the same pinned threads; the
+//             AdamW-class cpu step with device grads and weights adds the staged copies
+//   accumulate pipeline (bf16 grads from HBM, D2H through pinned staging, added on the host):
+//             host bytes per parameter 12 (DMA writes staging 2, add reads it 2, dst 4 + 4),
+//             link bytes 2 D2H; roofline = min(triad / 12 B, D2H memcpy / 2 B)
+// Each measurement: one warm-up, then --runs timed runs; median and spread (max-min)/median.
+// Also prints the plan's predicted optimizer link seconds next to the measured ones.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <memory>
+
+#include "bench_common.hpp"
+#include "optimizer/accumulate.hpp"
+#include "optimizer/adamw.hpp"
+#include "optimizer/adamw_kernels.hpp"
+#include "optimizer/cpu_threads.hpp"
+#include "tier/cost_model.hpp"
+#include "tier/cuda_check.hpp"
+#include "tier/link.hpp"
+
+namespace ght::bench {
+namespace {
+
+using optimizer::GradType;
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) { GHT_CUDA_TRY(cudaMalloc(&p_, bytes)); }
+  ~DeviceBuffer() { (void)cudaFree(p_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  [[nodiscard]] void* get() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(std::size_t bytes) {
+    GHT_CUDA_TRY(cudaHostAlloc(&p_, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    GHT_CUDA_TRY(cudaHostGetDevicePointer(&d_, p_, 0));
+  }
+  ~PinnedBuffer() { (void)cudaFreeHost(p_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  [[nodiscard]] void* host() const { return p_; }
+  [[nodiscard]] void* dev() const { return d_; }
+
+ private:
+  void* p_ = nullptr;
+  void* d_ = nullptr;
+};
+
+class Stream {
+ public:
+  Stream() { GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { (void)cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  operator cudaStream_t() const { return s_; }  // NOLINT: a handle
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+__global__ void read_kernel(const float4* __restrict__ src, std::size_t n4, float* sink) {
+  float acc = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += stride) {
+    const float4 x = __ldcs(src + i);
+    acc += x.x + x.y + x.z + x.w;
+  }
+  if (acc == -1.2345f) *sink = acc;  // never true for our data; keeps the loads alive
+}
+
+__global__ void write_kernel(float4* __restrict__ dst, std::size_t n4, float val) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+       i += stride) {
+    __stcs(dst + i, make_float4(val, val, val, val));
+  }
+}
+
+__global__ void fill_grad_kernel(std::uint16_t* g, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    g[i] = optimizer::float_to_bf16_bits(1e-3f * static_cast<float>(i % 97) - 0.05f);
+  }
+}
+
+unsigned full_grid() {
+  int dev = 0, sms = 0;
+  GHT_CUDA_TRY(cudaGetDevice(&dev));
+  GHT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return static_cast<unsigned>(sms * 8);
+}
+
+/// Link and HBM ceilings, measured here so they share the run's conditions.
+tier::LinkNumbers measure_link(const Args& args, Report& report) {
+  constexpr std::size_t kBytes = 1ull << 30;
+  PinnedBuffer ha(kBytes), hb(kBytes);
+  DeviceBuffer da(kBytes), db(kBytes), sink(64);
+  std::memset(ha.host(), 0, kBytes);
+  std::memset(hb.host(), 0, kBytes);
+  GHT_CUDA_TRY(cudaMemset(da.get(), 0, kBytes));
+  Stream s1, s2;
+  auto sync = [&] {
+    GHT_CUDA_TRY(cudaStreamSynchronize(s1));
+    GHT_CUDA_TRY(cudaStreamSynchronize(s2));
+  };
+  const double b = static_cast<double>(kBytes);
+  const Stats h2d = time_runs(args.runs, [&] {
+    GHT_CUDA_TRY(cudaMemcpyAsync(da.get(), ha.host(), kBytes, cudaMemcpyHostToDevice, s1));
+    sync();
+  });
+  const Stats d2h = time_runs(args.runs, [&] {
+    GHT_CUDA_TRY(cudaMemcpyAsync(hb.host(), db.get(), kBytes, cudaMemcpyDeviceToHost, s2));
+    sync();
+  });
+  const Stats bidir = time_runs(args.runs, [&] {
+    GHT_CUDA_TRY(cudaMemcpyAsync(da.get(), ha.host(), kBytes, cudaMemcpyHostToDevice, s1));
+    GHT_CUDA_TRY(cudaMemcpyAsync(hb.host(), db.get(), kBytes, cudaMemcpyDeviceToHost, s2));
+    sync();
+  });
+  const std::size_t n4 = kBytes / sizeof(float4);
+  const unsigned grid = full_grid();
+  const Stats kread = time_runs(args.runs, [&] {
+    read_kernel<<<grid, 256, 0, s1>>>(static_cast<const float4*>(ha.dev()), n4,
+                                      static_cast<float*>(sink.get()));
+    GHT_CUDA_CHECK_LAUNCH();
+    sync();
+  });
+  const Stats kwrite = time_runs(args.runs, [&] {
+    write_kernel<<<grid, 256, 0, s1>>>(static_cast<float4*>(hb.dev()), n4, 1.0f);
+    GHT_CUDA_CHECK_LAUNCH();
+    sync();
+  });
+  const Stats hbm = time_runs(args.runs, [&] {
+    GHT_CUDA_TRY(cudaMemcpyAsync(db.get(), da.get(), kBytes, cudaMemcpyDeviceToDevice, s1));
+    sync();
+  });
+  tier::LinkNumbers L;
+  L.name = "bench_optimizer";
+  L.source = "measured in this run";
+  L.kind = LinkKind::pcie;  // informational only here
+  L.h2d_bps = b / h2d.median;
+  L.d2h_bps = b / d2h.median;
+  L.bidir_bps = 2 * b / bidir.median;
+  L.kernel_read_bps = b / kread.median;
+  L.kernel_write_bps = b / kwrite.median;
+  L.hbm_bps = 2 * b / hbm.median;  // read + write
+  auto j = [](double bps, const Stats& s) {
+    return nlohmann::json{{"bytes_per_s", bps}, {"spread", s.spread}};
+  };
+  report.extra["link"] = {{"h2d", j(L.h2d_bps, h2d)},
+                          {"d2h", j(L.d2h_bps, d2h)},
+                          {"bidir", j(L.bidir_bps, bidir)},
+                          {"kernel_read_mapped", j(L.kernel_read_bps, kread)},
+                          {"kernel_write_mapped", j(L.kernel_write_bps, kwrite)},
+                          {"hbm_copy", j(L.hbm_bps, hbm)}};
+  std::cout << "link: H2D " << fmt(L.h2d_bps / 1e9, 1) << " GB/s, D2H " << fmt(L.d2h_bps / 1e9, 1)
+            << ", both ways " << fmt(L.bidir_bps / 1e9, 1) << " (spread "
+            << fmt(100 * bidir.spread, 1) << "%), kernel read/write of mapped memory "
+            << fmt(L.kernel_read_bps / 1e9, 1) << "/" << fmt(L.kernel_write_bps / 1e9, 1)
+            << ", HBM copy " << fmt(L.hbm_bps / 1e9, 0) << " GB/s\n";
+  return L;
+}
+
+/// One AdamW over `n` parameters in one region; grads (bf16) and weights in HBM.
+struct Setup {
+  DeviceBuffer grad, weight;
+  std::unique_ptr<optimizer::AdamW> opt;
+  Setup(std::uint64_t n, optimizer::PathChoice path, int threads,
+        optimizer::LinkMode mode = optimizer::LinkMode::zero_copy)
+      : grad(n * 2), weight(n * 2) {
+    fill_grad_kernel<<<full_grid(), 256>>>(static_cast<std::uint16_t*>(grad.get()), n);
+    GHT_CUDA_CHECK_LAUNCH();
+    GHT_CUDA_TRY(cudaDeviceSynchronize());
+    optimizer::AdamWOptions o;
+    o.path = path;
+    o.link_mode = mode;
+    o.cpu_threads = threads;
+    optimizer::Region r{"all", n, true, weight.get(), grad.get(), GradType::bf16};
+    opt = std::make_unique<optimizer::AdamW>(std::vector<optimizer::Region>{r}, o);
+  }
+};
+
+/// The update phase alone (norm and decision outside the timed region), then the whole step.
+void time_update_and_step(const Args& args, Setup& s, Row& update, Row& step) {
+  std::vector<double> samples;
+  for (int i = -1; i < args.runs; ++i) {
+    (void)s.opt->begin_step(1e-4);
+    const auto t0 = std::chrono::steady_clock::now();
+    s.opt->update_region(0);
+    s.opt->synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= 0) samples.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  update.seconds = summarize(samples);
+  step.seconds = time_runs(args.runs, [&] {
+    (void)s.opt->step(1e-4);
+    s.opt->synchronize();
+  });
+}
+
+void run_gpu(const Args& args, Report& report) {
+  int dev = 0;
+  GHT_CUDA_TRY(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
+  report.extra["gpu"] = {{"name", prop.name}, {"sms", prop.multiProcessorCount}};
+  const tier::LinkNumbers L = measure_link(args, report);
+  tier::LinkNumbers plan_link;
+  std::string plan_link_name;
+  try {
+    plan_link = tier::resolve_link_numbers();
+    plan_link_name = plan_link.name + " (" + plan_link.source + ")";
+  } catch (const std::exception& e) {
+    plan_link_name = std::string("unavailable: ") + e.what();
+  }
+  const double triad = report.extra.contains("host_triad")
+                           ? report.extra["host_triad"]["bytes_per_s"].get<double>()
+                           : 0.0;
+  nlohmann::json predictions = nlohmann::json::array();
+  const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / 24 B";
+  const std::string hbm_basis = "HBM copy " + fmt(L.hbm_bps / 1e9, 0) + " GB/s / 28 B";
+
+  for (const std::uint64_t n : args.sizes) {
+    // ---- gpu_link: state in pinned host memory, both link modes -----------------------------
+    for (const optimizer::LinkMode mode : {optimizer::LinkMode::zero_copy, optimizer::LinkMode::dma}) {
+      const std::string m(optimizer::to_string(mode));
+      Setup s(n, optimizer::PathChoice::gpu_link, args.threads, mode);
+      Row up, st;
+      up.path = "gpu_link " + m + " update";
+      st.path = "gpu_link " + m + " step (norm + update)";
+      for (Row* r : {&up, &st}) {
+        r->params = n;
+        r->bytes_per_param = 24;
+        r->roof_gparams = L.bidir_bps / 24 / 1e9;
+        r->roof_basis = link_basis;
+        r->torch_key = "torch_fused_cuda";
+      }
+      time_update_and_step(args, s, up, st);
+      report.rows.push_back(up);
+      report.rows.push_back(st);
+      std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
+                << " Gparam/s (" << fmt(100 * up.fraction(), 1) << "% of the link roofline), "
+                << s.opt->num_chunks(0) << " chunks\n";
+      const double pred_run = tier::predict_optimizer_link_seconds(n, 0.0, L);
+      nlohmann::json p{{"params", n},
+                       {"link_mode", m},
+                       {"measured_update_s", up.seconds.median},
+                       {"predicted_s_with_this_runs_link_numbers", pred_run},
+                       {"measured_over_predicted_this_run", up.seconds.median / pred_run}};
+      std::string line = "plan prediction, gpu_link " + m + " " + human_params(n) + ": measured " +
+                         fmt(up.seconds.median, 4) + " s; predicted " + fmt(pred_run, 4) +
+                         " s with this run's link numbers (x" +
+                         fmt(up.seconds.median / pred_run, 2) + ")";
+      if (plan_link.bidir_bps > 0 || plan_link.kernel_read_bps > 0) {
+        const double pred_plan = tier::predict_optimizer_link_seconds(n, 0.0, plan_link);
+        p["predicted_s_with_plan_link_numbers"] = pred_plan;
+        p["plan_link_numbers"] = plan_link_name;
+        p["measured_over_predicted_plan"] = up.seconds.median / pred_plan;
+        line += ", " + fmt(pred_plan, 4) + " s with the plan's numbers " + plan_link_name + " (x" +
+                fmt(up.seconds.median / pred_plan, 2) + ")";
+      } else {
+        line += "; plan link numbers " + plan_link_name;
+      }
+      predictions.push_back(p);
+      report.notes.push_back(line);
+    }
+    // ---- device: all state in HBM ------------------------------------------------------------
+    {
+      Setup s(n, optimizer::PathChoice::device, args.threads);
+      Row up, st;
+      up.path = "device update";
+      st.path = "device step (norm + update)";
+      for (Row* r : {&up, &st}) {
+        r->params = n;
+        r->bytes_per_param = 28;
+        r->roof_gparams = L.hbm_bps / 28 / 1e9;
+        r->roof_basis = hbm_basis;
+        r->torch_key = "torch_fused_cuda";
+      }
+      time_update_and_step(args, s, up, st);
+      report.rows.push_back(up);
+      report.rows.push_back(st);
+      std::cout << "device " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s\n";
+    }
+    // ---- cpu path of the AdamW class: grads down and weights up through staging ----------------
+    if (triad > 0) {
+      Setup s(n, optimizer::PathChoice::cpu, args.threads);
+      Row up, st;
+      up.path = "cpu update (staged grad D2H + weight H2D)";
+      st.path = "cpu step (norm + staged update)";
+      for (Row* r : {&up, &st}) {
+        r->params = n;
+        r->bytes_per_param = 28;
+        r->roof_gparams = triad / 28 / 1e9;
+        r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / 28 B";
+        r->torch_key = "torch_foreach_cpu";
+      }
+      time_update_and_step(args, s, up, st);
+      report.rows.push_back(up);
+      report.rows.push_back(st);
+      std::cout << "cpu (staged) " << human_params(n) << ": " << fmt(up.gparams())
+                << " Gparam/s\n";
+    }
+    // ---- accumulator pipeline: device bf16 gradients into fp32 host accumulators -------------
+    if (triad > 0) {
+      DeviceBuffer src(n * 2);
+      fill_grad_kernel<<<full_grid(), 256>>>(static_cast<std::uint16_t*>(src.get()), n);
+      GHT_CUDA_CHECK_LAUNCH();
+      GHT_CUDA_TRY(cudaDeviceSynchronize());
+      HostArray<float> dst(n);
+      optimizer::zero_host(dst.data(), n * sizeof(float), args.threads);
+      optimizer::GradStreamAccumulator::Options o;
+      o.threads = args.threads;
+      optimizer::GradStreamAccumulator acc(o);
+      Row r;
+      r.path = "accumulate pipeline (bf16 D2H + add)";
+      r.params = n;
+      r.bytes_per_param = 12;
+      const double host_roof = triad / 12 / 1e9, link_roof = L.d2h_bps / 2 / 1e9;
+      r.roof_gparams = std::min(host_roof, link_roof);
+      r.roof_basis = host_roof <= link_roof ? "triad " + fmt(triad / 1e9, 1) + " GB/s / 12 B"
+                                            : "D2H " + fmt(L.d2h_bps / 1e9, 1) + " GB/s / 2 B";
+      r.seconds = time_runs(args.runs, [&] {
+        acc.run(dst.data(), src.get(), GradType::bf16, n, optimizer::AccumulateMode::add);
+      });
+      report.rows.push_back(r);
+      std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
+                << fmt(100 * r.fraction(), 1) << "% of " << r.roof_basis << ")\n";
+    }
+  }
+  report.extra["prediction"] = predictions;
+}
+
+}  // namespace
+}  // namespace ght::bench
+
+int main(int argc, char** argv) {
+  using namespace ght::bench;
+  Args args;
+  int rc = 0;
+  if (!parse_args(argc, argv, args, rc)) return rc;
+  try {
+    Report report;
+    report.extra["build"] = "cuda";
+    if (!args.skip_cpu) run_cpu(args, report);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      (void)cudaGetLastError();
+      report.notes.push_back("no CUDA device: gpu_link and device rows are not measured");
+    } else if (!args.skip_gpu) {
+      run_gpu(args, report);
+    }
+    return finish(args, report);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_optimizer: " << e.what() << "\n";
+    return 1;
+  }
+}

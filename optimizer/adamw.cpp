@@ -1,0 +1,785 @@
+#include "optimizer/adamw.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "optimizer/cpu_threads.hpp"
+#include "optimizer/detail/memory.hpp"
+#include "tier/config.hpp"
+#include "tier/error.hpp"
+
+#ifdef GHT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "tier/cuda_check.hpp"
+#endif
+
+namespace ght::optimizer {
+
+// ---- names -----------------------------------------------------------------------------------
+
+std::string_view to_string(Path p) noexcept {
+  switch (p) {
+    case Path::gpu_link: return "gpu_link";
+    case Path::cpu: return "cpu";
+    case Path::device: return "device";
+  }
+  return "?";
+}
+
+std::string_view to_string(PathChoice p) noexcept {
+  switch (p) {
+    case PathChoice::automatic: return "auto";
+    case PathChoice::gpu_link: return "gpu_link";
+    case PathChoice::cpu: return "cpu";
+    case PathChoice::device: return "device";
+  }
+  return "?";
+}
+
+PathChoice parse_path_choice(std::string_view text) {
+  std::string t(text);
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (t == "auto") return PathChoice::automatic;
+  if (t == "gpu_link") return PathChoice::gpu_link;
+  if (t == "cpu") return PathChoice::cpu;
+  if (t == "device") return PathChoice::device;
+  throw config_error("GHT_OPTIMIZER: '" + std::string(text) +
+                     "' is not one of auto|gpu_link|cpu|device");
+}
+
+PathChoice path_choice_from_config() {
+  return parse_path_choice(config::cfg().get_string(config::Key::GHT_OPTIMIZER));
+}
+
+std::string_view to_string(LinkMode m) noexcept {
+  return m == LinkMode::dma ? "dma" : "zero_copy";
+}
+
+LinkMode link_mode_from_config() {
+  // The registry has validated the value against auto|zero_copy|dma.
+  return config::cfg().get_string(config::Key::GHT_OPT_LINK_MODE) == "dma" ? LinkMode::dma
+                                                                            : LinkMode::zero_copy;
+}
+
+// ---- default allocators ----------------------------------------------------------------------
+
+namespace {
+
+class HostStateAllocator final : public StateAllocator {
+ public:
+  StateBuffer allocate(std::size_t bytes, TensorClass, const std::string& region) override {
+    StateBuffer b;
+    b.tier = TierKind::host;
+#ifdef GHT_HAVE_CUDA
+    if (detail::gpu_available()) {
+      void* p = nullptr;
+      const cudaError_t err =
+          cudaHostAlloc(&p, std::max<std::size_t>(bytes, 64), cudaHostAllocMapped | cudaHostAllocPortable);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw out_of_memory("optimizer state of region '" + region + "': cudaHostAlloc of " +
+                            config::format_bytes(bytes) + " failed: " + cudaGetErrorString(err));
+      }
+      b.host = p;
+      GHT_CUDA_TRY(cudaHostGetDevicePointer(&b.device, p, 0));
+      return b;
+    }
+#endif
+    const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
+    b.host = std::aligned_alloc(64, rounded);
+    if (b.host == nullptr) {
+      throw out_of_memory("optimizer state of region '" + region + "': " +
+                          config::format_bytes(bytes) + " of host memory not available");
+    }
+    return b;
+  }
+
+  void deallocate(const StateBuffer& b, std::size_t, TensorClass) noexcept override {
+#ifdef GHT_HAVE_CUDA
+    if (b.device != nullptr) {
+      (void)cudaFreeHost(b.host);
+      return;
+    }
+#endif
+    std::free(b.host);
+  }
+};
+
+#ifdef GHT_HAVE_CUDA
+class DeviceStateAllocator final : public StateAllocator {
+ public:
+  StateBuffer allocate(std::size_t bytes, TensorClass, const std::string& region) override {
+    StateBuffer b;
+    b.tier = TierKind::hbm;
+    const cudaError_t err = cudaMalloc(&b.device, std::max<std::size_t>(bytes, 64));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw out_of_memory("optimizer state of region '" + region + "': cudaMalloc of " +
+                          config::format_bytes(bytes) + " failed: " + cudaGetErrorString(err));
+    }
+    return b;
+  }
+  void deallocate(const StateBuffer& b, std::size_t, TensorClass) noexcept override {
+    (void)cudaFree(b.device);
+  }
+};
+#endif
+
+constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass::adam_m,
+                                        TensorClass::adam_v};
+
+std::size_t round_down(std::size_t x, std::size_t m) { return std::max(m, x / m * m); }
+
+// dma mode: parameters per chunk (16 MiB per state array per slot) and slots in flight (one
+// being filled, one updated, one drained).
+constexpr std::size_t kDmaChunk = std::size_t{1} << 22;
+constexpr int kDmaSlots = 3;
+
+}  // namespace
+
+std::shared_ptr<StateAllocator> make_host_state_allocator() {
+  return std::make_shared<HostStateAllocator>();
+}
+
+std::shared_ptr<StateAllocator> make_device_state_allocator() {
+#ifdef GHT_HAVE_CUDA
+  GHT_EXPECTS(detail::gpu_available(), "device optimizer state needs a GPU; none found");
+  return std::make_shared<DeviceStateAllocator>();
+#else
+  GHT_FAIL("device optimizer state needs a CUDA build");
+#endif
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+struct AdamW::Impl {
+  struct RegionState {
+    Region desc;
+    Path path = Path::cpu;
+    StateBuffer st[3];              // master, m, v
+    bool allocated[3] = {false, false, false};
+    std::size_t chunk = 0;          // parameters per chunk (and per event)
+    std::size_t chunks = 1;
+    bool grad_on_device = false;
+    const void* grad_dev = nullptr;  // GPU address of the gradient (GPU paths)
+    bool weight_on_device = false;
+    void* weight_dev = nullptr;      // GPU address of the weight (GPU paths, cpu upload)
+    bool staged = false;             // cpu path through staging
+    bool dma = false;                // gpu_link path in dma mode
+    bool updated = false;            // in the current step
+    std::vector<CUevent_st*> events;
+  };
+
+  AdamWOptions opts;
+  std::shared_ptr<StateAllocator> alloc;
+  std::vector<RegionState> regions;
+  bool gpu = false;
+  std::size_t chunk_elems = 0;
+  std::size_t staging_bytes = 0;
+
+  LinkMode link_mode = LinkMode::zero_copy;
+  CUstream_st* link = nullptr;      // GPU updates and weight uploads
+  CUstream_st* down = nullptr;      // cpu path gradient downloads, dma state write-back
+  CUstream_st* up = nullptr;        // dma state reads
+  CUevent_st* produced = nullptr;
+  CUevent_st* step_barrier = nullptr;
+  float* dma_slots = nullptr;       // (kDmaSlots, 3, kDmaChunk) HBM
+  CUevent_st* dma_in[kDmaSlots] = {};
+  CUevent_st* dma_updated[kDmaSlots] = {};
+  CUevent_st* dma_free[kDmaSlots] = {};
+  unsigned dma_next = 0;
+#ifdef GHT_HAVE_CUDA
+  std::unique_ptr<DeviceSumsq> sumsq;
+#endif
+  void* staging[2] = {nullptr, nullptr};
+  bool staging_pinned = false;
+  CUevent_st* grad_ready[2] = {nullptr, nullptr};
+  CUevent_st* weight_sent[2] = {nullptr, nullptr};
+
+  bool step_open = false;
+  bool skip = false;
+  StepScalars k_decay, k_plain;
+  std::int64_t t = 0;
+  OptimizerStats stats;
+
+  ~Impl() { release(); }
+
+  void release() noexcept {
+#ifdef GHT_HAVE_CUDA
+    for (CUstream_st* s : {link, down, up}) {
+      if (s != nullptr) (void)cudaStreamSynchronize(s);
+    }
+    for (RegionState& rs : regions) {
+      for (CUevent_st* e : rs.events) (void)cudaEventDestroy(e);
+      rs.events.clear();
+    }
+    for (CUevent_st* e : {grad_ready[0], grad_ready[1], weight_sent[0], weight_sent[1], produced,
+                          step_barrier}) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+    }
+    for (int i = 0; i < kDmaSlots; ++i) {
+      for (CUevent_st* e : {dma_in[i], dma_updated[i], dma_free[i]}) {
+        if (e != nullptr) (void)cudaEventDestroy(e);
+      }
+    }
+    if (dma_slots != nullptr) (void)cudaFree(dma_slots);
+    dma_slots = nullptr;
+    for (CUstream_st* s : {link, down, up}) {
+      if (s != nullptr) (void)cudaStreamDestroy(s);
+    }
+    link = down = up = nullptr;
+    sumsq.reset();
+#endif
+    for (void*& s : staging) {
+      detail::free_staging(s, staging_pinned);
+      s = nullptr;
+    }
+    for (RegionState& rs : regions) {
+      for (int i = 0; i < 3; ++i) {
+        if (rs.allocated[i]) alloc->deallocate(rs.st[i], rs.desc.n * sizeof(float), kStateClass[i]);
+        rs.allocated[i] = false;
+      }
+    }
+  }
+
+  CUevent_st* new_event() {
+#ifdef GHT_HAVE_CUDA
+    cudaEvent_t e = nullptr;
+    GHT_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+#else
+    return nullptr;
+#endif
+  }
+
+  void record(CUevent_st* e, CUstream_st* s) {
+#ifdef GHT_HAVE_CUDA
+    if (e != nullptr) GHT_CUDA_TRY(cudaEventRecord(e, s));
+#else
+    (void)e;
+    (void)s;
+#endif
+  }
+
+  void sync_event(CUevent_st* e) {
+#ifdef GHT_HAVE_CUDA
+    if (e != nullptr) GHT_CUDA_TRY(cudaEventSynchronize(e));
+#else
+    (void)e;
+#endif
+  }
+
+  // Where the gradient and weight live, their GPU aliases, and the chunking they imply.
+  void configure(RegionState& rs) {
+    const Region& d = rs.desc;
+    rs.grad_on_device = detail::is_device_memory(d.grad);
+    rs.weight_on_device = detail::is_device_memory(d.weight);
+    rs.grad_dev = nullptr;
+    rs.weight_dev = nullptr;
+    rs.dma = false;
+    if (rs.path != Path::cpu) {
+      if (d.grad != nullptr) rs.grad_dev = detail::device_alias(d.grad, "gradient of region '" + d.name + "'");
+      if (d.weight != nullptr) rs.weight_dev = detail::device_alias(d.weight, "weight of region '" + d.name + "'");
+      rs.chunk = chunk_elems;
+      rs.staged = false;
+      rs.dma = rs.path == Path::gpu_link && link_mode == LinkMode::dma &&
+               rs.st[0].host != nullptr && rs.st[1].host != nullptr && rs.st[2].host != nullptr;
+      if (rs.dma) {
+        ensure_dma();
+        rs.chunk = std::min(chunk_elems, kDmaChunk);
+      }
+    } else {
+      rs.staged = rs.grad_on_device || rs.weight_on_device;
+      if (rs.weight_on_device) rs.weight_dev = d.weight;
+      if (rs.staged) {
+        ensure_staging();
+        rs.chunk = round_down(staging_bytes / (grad_type_size(d.grad_type) + sizeof(bf16)), 64);
+      } else {
+        rs.chunk = d.n;
+      }
+    }
+    rs.chunks = (d.n + rs.chunk - 1) / rs.chunk;
+    if (gpu) {
+      while (rs.events.size() < rs.chunks) rs.events.push_back(new_event());
+    }
+  }
+
+  void ensure_dma() {
+#ifdef GHT_HAVE_CUDA
+    if (dma_slots != nullptr) return;
+    const std::size_t bytes = sizeof(float) * 3 * kDmaChunk * kDmaSlots;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    dma_slots = static_cast<float*>(p);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw out_of_memory("AdamW dma slots: cudaMalloc of " + config::format_bytes(bytes) +
+                          " failed: " + cudaGetErrorString(err));
+    }
+    for (int i = 0; i < kDmaSlots; ++i) {
+      dma_in[i] = new_event();
+      dma_updated[i] = new_event();
+      dma_free[i] = new_event();
+    }
+#endif
+  }
+
+  void ensure_staging() {
+    if (staging[0] != nullptr) return;
+    for (void*& s : staging) s = detail::alloc_staging(staging_bytes, &staging_pinned);
+    for (CUevent_st*& e : grad_ready) e = new_event();
+    for (CUevent_st*& e : weight_sent) e = new_event();
+  }
+
+  // Layout of a staging slot for the cpu path: gradients first, bf16 weights after.
+  unsigned char* slot_grad(int slot) { return static_cast<unsigned char*>(staging[slot]); }
+  bf16* slot_weight(const RegionState& rs, int slot) {
+    const std::size_t gbytes = rs.chunk * grad_type_size(rs.desc.grad_type);
+    return reinterpret_cast<bf16*>(static_cast<unsigned char*>(staging[slot]) + (gbytes + 63) / 64 * 64);
+  }
+
+  AdamWSpan span(const RegionState& rs, std::size_t off, std::size_t count, bool device) const {
+    AdamWSpan s;
+    const std::size_t gsize = grad_type_size(rs.desc.grad_type);
+    auto f = [&](int i) {
+      return static_cast<float*>(device ? rs.st[i].device : rs.st[i].host) + off;
+    };
+    s.master = f(0);
+    s.m = f(1);
+    s.v = f(2);
+    const void* g = device ? rs.grad_dev : rs.desc.grad;
+    s.grad = static_cast<const unsigned char*>(g) + off * gsize;
+    s.grad_type = rs.desc.grad_type;
+    void* w = device ? rs.weight_dev : rs.desc.weight;
+    s.weight = w != nullptr ? static_cast<bf16*>(w) + off : nullptr;
+    s.n = count;
+    return s;
+  }
+
+  void update_gpu(RegionState& rs, const StepScalars& k) {
+#ifdef GHT_HAVE_CUDA
+    for (std::size_t c = 0; c < rs.chunks; ++c) {
+      const std::size_t off = c * rs.chunk;
+      adamw_gpu(span(rs, off, std::min(rs.chunk, rs.desc.n - off), true), k, link);
+      record(rs.events[c], link);
+    }
+#else
+    (void)rs;
+    (void)k;
+    GHT_FAIL("GPU optimizer path in a build without CUDA");
+#endif
+  }
+
+  // dma mode: per chunk, state goes host -> slot on `up`, the kernel updates the slot on `link`,
+  // state goes slot -> host on `down`; slots rotate so the three stages overlap, and the two
+  // copy directions run on separate copy engines at the same time.
+  void update_gpu_dma(RegionState& rs, const StepScalars& k) {
+#ifdef GHT_HAVE_CUDA
+    const std::size_t gsize = grad_type_size(rs.desc.grad_type);
+    for (std::size_t c = 0; c < rs.chunks; ++c) {
+      const std::size_t off = c * rs.chunk, count = std::min(rs.chunk, rs.desc.n - off);
+      const unsigned slot = dma_next++ % kDmaSlots;
+      float* base = dma_slots + static_cast<std::size_t>(slot) * 3 * kDmaChunk;
+      GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
+      for (int i = 0; i < 3; ++i) {
+        GHT_CUDA_TRY(cudaMemcpyAsync(base + i * kDmaChunk, static_cast<float*>(rs.st[i].host) + off,
+                                     count * sizeof(float), cudaMemcpyHostToDevice, up));
+      }
+      record(dma_in[slot], up);
+      GHT_CUDA_TRY(cudaStreamWaitEvent(link, dma_in[slot], 0));
+      AdamWSpan s;
+      s.master = base;
+      s.m = base + kDmaChunk;
+      s.v = base + 2 * kDmaChunk;
+      s.grad = static_cast<const unsigned char*>(rs.grad_dev) + off * gsize;
+      s.grad_type = rs.desc.grad_type;
+      s.weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + off : nullptr;
+      s.n = count;
+      adamw_gpu(s, k, link);
+      record(dma_updated[slot], link);
+      GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
+      for (int i = 0; i < 3; ++i) {
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(rs.st[i].host) + off, base + i * kDmaChunk,
+                                     count * sizeof(float), cudaMemcpyDeviceToHost, down));
+      }
+      record(dma_free[slot], down);
+      record(rs.events[c], down);  // weights and host state of the chunk are final
+    }
+#else
+    (void)rs;
+    (void)k;
+#endif
+  }
+
+  void update_cpu(RegionState& rs, const StepScalars& k) {
+    if (!rs.staged) {
+      adamw_cpu(span(rs, 0, rs.desc.n, false), k, opts.cpu_threads);
+      for (CUevent_st* e : rs.events) record(e, link);
+      return;
+    }
+#ifdef GHT_HAVE_CUDA
+    const std::size_t gsize = grad_type_size(rs.desc.grad_type);
+    const auto* gsrc = static_cast<const unsigned char*>(rs.desc.grad);
+    auto count_of = [&](std::size_t c) { return std::min(rs.chunk, rs.desc.n - c * rs.chunk); };
+    auto start_grad = [&](std::size_t c) {
+      if (!rs.grad_on_device) return;
+      const int slot = static_cast<int>(c % 2);
+      GHT_CUDA_TRY(cudaMemcpyAsync(slot_grad(slot), gsrc + c * rs.chunk * gsize,
+                                   count_of(c) * gsize, cudaMemcpyDeviceToHost, down));
+      record(grad_ready[slot], down);
+    };
+    start_grad(0);
+    for (std::size_t c = 0; c < rs.chunks; ++c) {
+      const int slot = static_cast<int>(c % 2);
+      // The other slot's gradients (chunk c-1) were consumed synchronously: refill it now so the
+      // download of chunk c+1 overlaps with the update of chunk c.
+      if (c + 1 < rs.chunks) start_grad(c + 1);
+      const std::size_t off = c * rs.chunk, count = count_of(c);
+      AdamWSpan s = span(rs, off, count, false);
+      if (rs.grad_on_device) {
+        sync_event(grad_ready[slot]);
+        s.grad = slot_grad(slot);
+      }
+      if (rs.weight_on_device) {
+        sync_event(weight_sent[slot]);  // this slot's previous upload has left
+        s.weight = slot_weight(rs, slot);
+      }
+      adamw_cpu(s, k, opts.cpu_threads);
+      if (rs.weight_on_device) {
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<bf16*>(rs.weight_dev) + off, s.weight,
+                                     count * sizeof(bf16), cudaMemcpyHostToDevice, link));
+        record(weight_sent[slot], link);
+      }
+      record(rs.events[c], link);
+    }
+#else
+    (void)k;
+    GHT_FAIL("region '" + rs.desc.name + "': staged cpu path in a build without CUDA");
+#endif
+  }
+
+  void copy_in(const StateBuffer& b, const float* src, std::size_t n) {
+    if (src == nullptr) return;
+    if (b.host != nullptr) {
+      std::memcpy(b.host, src, n * sizeof(float));
+      return;
+    }
+#ifdef GHT_HAVE_CUDA
+    GHT_CUDA_TRY(cudaMemcpy(b.device, src, n * sizeof(float), cudaMemcpyHostToDevice));
+#endif
+  }
+
+  void copy_out(const StateBuffer& b, float* dst, std::size_t n) const {
+    if (dst == nullptr) return;
+    if (b.host != nullptr) {
+      std::memcpy(dst, b.host, n * sizeof(float));
+      return;
+    }
+#ifdef GHT_HAVE_CUDA
+    GHT_CUDA_TRY(cudaMemcpy(dst, b.device, n * sizeof(float), cudaMemcpyDeviceToHost));
+#endif
+  }
+
+  void zero(const StateBuffer& b, std::size_t n) {
+    if (b.host != nullptr) {
+      zero_host(b.host, n * sizeof(float), opts.cpu_threads);  // first touch by the team
+      return;
+    }
+#ifdef GHT_HAVE_CUDA
+    GHT_CUDA_TRY(cudaMemset(b.device, 0, n * sizeof(float)));
+#endif
+  }
+
+  RegionState& at(std::size_t r) {
+    GHT_EXPECTS(r < regions.size(), "region index " + std::to_string(r) + " out of range (" +
+                                        std::to_string(regions.size()) + " regions)");
+    return regions[r];
+  }
+};
+
+AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
+             std::shared_ptr<StateAllocator> alloc)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& I = *impl_;
+  I.opts = opts;
+  I.gpu = detail::gpu_available();
+  const PathChoice choice = opts.path ? *opts.path : path_choice_from_config();
+  I.link_mode = opts.link_mode ? *opts.link_mode : link_mode_from_config();
+  if (choice == PathChoice::gpu_link || choice == PathChoice::device) {
+    GHT_EXPECTS(I.gpu, "GHT_OPTIMIZER=" + std::string(to_string(choice)) +
+                           " needs a GPU, and none is available");
+  }
+  if (!alloc) {
+    alloc = choice == PathChoice::device ? make_device_state_allocator()
+                                         : make_host_state_allocator();
+  }
+  I.alloc = std::move(alloc);
+
+  std::size_t chunk_bytes = opts.chunk_elems * sizeof(float);
+  if (chunk_bytes == 0) {
+    chunk_bytes = config::cfg().get_size(config::Key::GHT_OPT_CHUNK).resolve(0, "GHT_OPT_CHUNK");
+  }
+  // Multiples of 64 parameters keep every chunk's start 16-byte aligned for the vector kernel.
+  I.chunk_elems = round_down(chunk_bytes / sizeof(float), 64);
+  I.staging_bytes = opts.staging_bytes;
+  if (I.staging_bytes == 0) {
+    I.staging_bytes =
+        config::cfg().get_size(config::Key::GHT_STAGING_BYTES).resolve(0, "GHT_STAGING_BYTES");
+  }
+  I.staging_bytes = round_down(I.staging_bytes, 64 * 8);
+
+#ifdef GHT_HAVE_CUDA
+  if (I.gpu) {
+    cudaStream_t s = nullptr;
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    I.link = s;
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    I.down = s;
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    I.up = s;
+    I.produced = I.new_event();
+    I.step_barrier = I.new_event();
+    I.sumsq = std::make_unique<DeviceSumsq>();
+  }
+#endif
+
+  std::set<std::string> names;
+  I.regions.reserve(regions.size());
+  for (Region& d : regions) {
+    GHT_EXPECTS(!d.name.empty(), "AdamW: a region has an empty name");
+    GHT_EXPECTS(d.n > 0, "AdamW: region '" + d.name + "' has no parameters");
+    GHT_EXPECTS(names.insert(d.name).second, "AdamW: duplicate region name '" + d.name + "'");
+    Impl::RegionState& rs = I.regions.emplace_back();
+    rs.desc = std::move(d);
+    for (int i = 0; i < 3; ++i) {
+      rs.st[i] = I.alloc->allocate(rs.desc.n * sizeof(float), kStateClass[i], rs.desc.name);
+      rs.allocated[i] = true;
+    }
+    bool all_host = true, all_dev = true, all_hbm = true;
+    for (const StateBuffer& b : rs.st) {
+      all_host = all_host && b.host != nullptr;
+      all_dev = all_dev && b.device != nullptr;
+      all_hbm = all_hbm && b.tier == TierKind::hbm;
+    }
+    const std::string where = "region '" + rs.desc.name + "'";
+    switch (choice) {
+      case PathChoice::automatic:
+        if (I.gpu && all_dev) {
+          rs.path = all_hbm ? Path::device : Path::gpu_link;
+        } else {
+          GHT_EXPECTS(all_host, where + ": optimizer state is reachable by neither the CPU nor "
+                                        "the GPU");
+          rs.path = Path::cpu;
+        }
+        break;
+      case PathChoice::gpu_link:
+      case PathChoice::device:
+        GHT_EXPECTS(all_dev, where + ": GHT_OPTIMIZER=" + std::string(to_string(choice)) +
+                                 " but the state is not GPU-addressable");
+        rs.path = all_hbm ? Path::device : Path::gpu_link;
+        break;
+      case PathChoice::cpu:
+        GHT_EXPECTS(all_host, where + ": GHT_OPTIMIZER=cpu but the state is in HBM");
+        rs.path = Path::cpu;
+        break;
+    }
+    for (int i = 0; i < 3; ++i) I.zero(rs.st[i], rs.desc.n);
+    I.configure(rs);
+  }
+}
+
+AdamW::~AdamW() = default;
+
+std::size_t AdamW::num_regions() const { return impl_->regions.size(); }
+const Region& AdamW::region(std::size_t r) const { return impl_->at(r).desc; }
+Path AdamW::path(std::size_t r) const { return impl_->at(r).path; }
+LinkMode AdamW::link_mode(std::size_t r) const {
+  return impl_->at(r).dma ? LinkMode::dma : LinkMode::zero_copy;
+}
+const AdamWHyper& AdamW::hyper() const { return impl_->opts.hyper; }
+const OptimizerStats& AdamW::stats() const { return impl_->stats; }
+std::int64_t AdamW::step_count() const { return impl_->t; }
+CUstream_st* AdamW::stream() const { return impl_->link; }
+std::size_t AdamW::num_chunks(std::size_t r) const { return impl_->at(r).chunks; }
+
+void AdamW::set_step_count(std::int64_t t) {
+  GHT_EXPECTS(t >= 0, "AdamW step count must be >= 0, got " + std::to_string(t));
+  impl_->t = t;
+}
+
+const StateBuffer& AdamW::state(std::size_t r, TensorClass cls) const {
+  const Impl::RegionState& rs = impl_->at(r);
+  for (int i = 0; i < 3; ++i) {
+    if (kStateClass[i] == cls) return rs.st[i];
+  }
+  GHT_FAIL("AdamW::state: class '" + std::string(ght::to_string(cls)) +
+           "' is not master, adam_m or adam_v");
+}
+
+void AdamW::set_grad(std::size_t r, const void* grad, GradType type) {
+  Impl::RegionState& rs = impl_->at(r);
+  synchronize();  // an in-flight update may still read the old buffer
+  rs.desc.grad = grad;
+  rs.desc.grad_type = type;
+  impl_->configure(rs);
+}
+
+CUevent_st* AdamW::chunk_event(std::size_t r, std::size_t c) const {
+  const Impl::RegionState& rs = impl_->at(r);
+  GHT_EXPECTS(c < rs.chunks, "chunk " + std::to_string(c) + " out of range for region '" +
+                                 rs.desc.name + "' (" + std::to_string(rs.chunks) + " chunks)");
+  return impl_->gpu ? rs.events[c] : nullptr;
+}
+
+CUevent_st* AdamW::region_event(std::size_t r) const {
+  return chunk_event(r, impl_->at(r).chunks - 1);
+}
+
+void AdamW::synchronize() const {
+#ifdef GHT_HAVE_CUDA
+  for (CUstream_st* s : {impl_->link, impl_->down, impl_->up}) {
+    if (s != nullptr) GHT_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+#endif
+}
+
+void AdamW::init_master_from_weights() {
+  synchronize();
+  Impl& I = *impl_;
+  for (Impl::RegionState& rs : I.regions) {
+    if (rs.desc.weight == nullptr) continue;
+    const std::size_t n = rs.desc.n;
+    std::vector<std::uint16_t> w(n);
+    if (rs.weight_on_device || detail::is_device_memory(rs.desc.weight)) {
+#ifdef GHT_HAVE_CUDA
+      GHT_CUDA_TRY(cudaMemcpy(w.data(), rs.desc.weight, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+#endif
+    } else {
+      std::memcpy(w.data(), rs.desc.weight, n * sizeof(bf16));
+    }
+    std::vector<float> f(n);
+    for (std::size_t i = 0; i < n; ++i) f[i] = bf16_bits_to_float(w[i]);
+    I.copy_in(rs.st[0], f.data(), n);
+  }
+}
+
+void AdamW::load_state(std::size_t r, const float* master, const float* m, const float* v) {
+  synchronize();
+  Impl::RegionState& rs = impl_->at(r);
+  impl_->copy_in(rs.st[0], master, rs.desc.n);
+  impl_->copy_in(rs.st[1], m, rs.desc.n);
+  impl_->copy_in(rs.st[2], v, rs.desc.n);
+}
+
+void AdamW::save_state(std::size_t r, float* master, float* m, float* v) const {
+  synchronize();
+  const Impl::RegionState& rs = impl_->at(r);
+  impl_->copy_out(rs.st[0], master, rs.desc.n);
+  impl_->copy_out(rs.st[1], m, rs.desc.n);
+  impl_->copy_out(rs.st[2], v, rs.desc.n);
+}
+
+StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
+  Impl& I = *impl_;
+  GHT_EXPECTS(std::isfinite(lr) && lr >= 0, "AdamW lr must be finite and >= 0, got " +
+                                                std::to_string(lr));
+  bool any_dev = false, any_host = false;
+  for (const Impl::RegionState& rs : I.regions) {
+    GHT_EXPECTS(rs.desc.grad != nullptr, "AdamW: region '" + rs.desc.name + "' has no gradient");
+    (rs.grad_on_device ? any_dev : any_host) = true;
+  }
+  double dev_sum = 0, host_sum = 0;
+#ifdef GHT_HAVE_CUDA
+  if (I.gpu) {
+    // Everything the producer queued (backward, accumulation) precedes every read of gradients
+    // and every overwrite of weights by this step.
+    I.record(I.produced, producer);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(I.link, I.produced, 0));
+    GHT_CUDA_TRY(cudaStreamWaitEvent(I.down, I.produced, 0));
+    // dma mode: this step's state reads must follow the previous step's write-backs.
+    I.record(I.step_barrier, I.down);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(I.up, I.step_barrier, 0));
+    if (any_dev) {
+      I.sumsq->reset(I.link);
+      for (const Impl::RegionState& rs : I.regions) {
+        if (rs.grad_on_device) I.sumsq->add(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.link);
+      }
+      dev_sum = I.sumsq->finish(I.link);
+    }
+    if (any_host) I.sync_event(I.produced);
+  }
+#else
+  (void)producer;
+  (void)any_dev;
+#endif
+  if (any_host) {
+    for (const Impl::RegionState& rs : I.regions) {
+      if (!rs.grad_on_device) {
+        host_sum += grad_sumsq_cpu(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.opts.cpu_threads);
+      }
+    }
+  }
+  const double total = dev_sum + host_sum;
+  const double norm = std::sqrt(total);
+  StepResult res;
+  res.grad_norm = static_cast<float>(norm);
+  for (Impl::RegionState& rs : I.regions) rs.updated = false;
+  I.step_open = true;
+  I.stats.last_grad_norm = res.grad_norm;
+  if (!std::isfinite(total)) {
+    I.skip = true;
+    res.taken = false;
+    res.clip_coef = 0;
+    res.step = I.t;
+    I.stats.steps_skipped_nonfinite += 1;
+    I.stats.last_clip_coef = 0;
+    return res;
+  }
+  double clip = 1.0;
+  const double max_norm = I.opts.hyper.max_grad_norm;
+  if (max_norm > 0) clip = std::min(1.0, max_norm / (norm + 1e-6));
+  I.skip = false;
+  I.t += 1;
+  I.k_decay = make_step_scalars(I.opts.hyper, lr, I.t, true, clip);
+  I.k_plain = make_step_scalars(I.opts.hyper, lr, I.t, false, clip);
+  res.taken = true;
+  res.clip_coef = clip;
+  res.step = I.t;
+  I.stats.steps_taken += 1;
+  I.stats.last_clip_coef = clip;
+  return res;
+}
+
+void AdamW::update_region(std::size_t r) {
+  Impl& I = *impl_;
+  Impl::RegionState& rs = I.at(r);
+  GHT_EXPECTS(I.step_open, "AdamW::update_region('" + rs.desc.name + "') before begin_step");
+  GHT_EXPECTS(!rs.updated, "AdamW::update_region('" + rs.desc.name + "') twice in one step");
+  rs.updated = true;
+  if (I.skip) {
+    for (CUevent_st* e : rs.events) I.record(e, I.link);
+    return;
+  }
+  const StepScalars& k = rs.desc.weight_decay ? I.k_decay : I.k_plain;
+  if (rs.path == Path::cpu) {
+    I.update_cpu(rs, k);
+  } else if (rs.dma) {
+    I.update_gpu_dma(rs, k);
+  } else {
+    I.update_gpu(rs, k);
+  }
+}
+
+StepResult AdamW::step(double lr, CUstream_st* producer) {
+  const StepResult res = begin_step(lr, producer);
+  for (std::size_t r = 0; r < num_regions(); ++r) update_region(r);
+  return res;
+}
+
+}  // namespace ght::optimizer

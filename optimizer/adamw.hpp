@@ -1,0 +1,189 @@
+#pragma once
+/**
+ * @file adamw.hpp
+ * @brief ght::optimizer::AdamW: AdamW over tiered state, one semantics on three paths.
+ *
+ * Each region (a flat group of parameters, e.g. one layer's attention or one expert) has fp32
+ * master, m and v buffers obtained from a StateAllocator (the tiered allocator in production),
+ * a bf16 compute weight and a gradient (bf16 or fp32, in HBM or in the host accumulator).
+ *
+ * Paths (GHT_OPTIMIZER=auto|gpu_link|cpu|device, per region):
+ *   device    state in HBM; the GPU kernel (adamw_gpu) runs on the optimizer's link stream.
+ *   gpu_link  state in host memory; the same kernel reads and writes it in place over the link
+ *             (mapped pinned memory on PCIe, system memory on C2C) and writes bf16 weights to HBM.
+ *   cpu       state in host memory; OpenMP AdamW on pinned threads. Device gradients come down
+ *             through double-buffered pinned staging, bf16 weights go up from pinned staging,
+ *             both asynchronously and overlapped with the host computation.
+ *   auto      device when the region's state landed in HBM, gpu_link when on the host and a GPU
+ *             exists, cpu without a GPU.
+ *
+ * Every step: the global gradient norm over all regions and tiers (Σg² in double per tier,
+ * deterministic, combined in double, reported as a float), clip coefficient
+ * min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_, and a non-finite guard:
+ * when the norm is NaN or Inf nothing is written (master, m, v, weights and the step count keep
+ * every byte) and OptimizerStats::steps_skipped_nonfinite is incremented.
+ *
+ * GPU work is launched per chunk (GHT_OPT_CHUNK bytes of fp32 master per chunk; at most 4Mi
+ * parameters per chunk in dma mode, so the copy pipeline fills quickly) and an event is
+ * recorded after each chunk, so consumers (the next forward) can wait for just the layers they
+ * need. Not thread-safe: one thread drives an AdamW.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "optimizer/adamw_kernels.hpp"
+#include "tier/types.hpp"
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace ght::optimizer {
+
+enum class Path { gpu_link, cpu, device };
+enum class PathChoice { automatic, gpu_link, cpu, device };
+/// How the gpu_link path reaches host state (GHT_OPT_LINK_MODE; auto = zero_copy).
+///   zero_copy  the kernel reads and writes master, m and v in place through mapped pointers
+///   dma        copy engines stream each chunk's master, m and v into one of three HBM slots
+///              and back (both directions at once), the kernel updates the slot in HBM
+enum class LinkMode { zero_copy, dma };
+
+[[nodiscard]] std::string_view to_string(Path p) noexcept;
+[[nodiscard]] std::string_view to_string(PathChoice p) noexcept;
+[[nodiscard]] std::string_view to_string(LinkMode m) noexcept;
+/// "auto|gpu_link|cpu|device" (case-insensitive); throws ght::config_error naming the text.
+[[nodiscard]] PathChoice parse_path_choice(std::string_view text);
+/// The choice from GHT_OPTIMIZER.
+[[nodiscard]] PathChoice path_choice_from_config();
+/// The mode from GHT_OPT_LINK_MODE.
+[[nodiscard]] LinkMode link_mode_from_config();
+
+/// One state buffer and how each side reaches it.
+struct StateBuffer {
+  void* host = nullptr;    ///< CPU-dereferenceable address; null for HBM
+  void* device = nullptr;  ///< GPU-dereferenceable address; null when no GPU can reach it
+  TierKind tier = TierKind::host;
+};
+
+/**
+ * @brief Where optimizer state comes from. The tiered allocator implements this so the plan
+ * decides each region's tier; the defaults below serve tests, tools and programs without a plan.
+ */
+class StateAllocator {
+ public:
+  virtual ~StateAllocator() = default;
+  /// @param cls TensorClass::master, adam_m or adam_v  @param region the region's name
+  /// @throws ght::out_of_memory when no memory can be found
+  virtual StateBuffer allocate(std::size_t bytes, TensorClass cls, const std::string& region) = 0;
+  virtual void deallocate(const StateBuffer& b, std::size_t bytes, TensorClass cls) noexcept = 0;
+};
+
+/// Host state: pinned, mapped memory (cudaHostAlloc) when a GPU is present, else 64-byte aligned
+/// host memory.
+[[nodiscard]] std::shared_ptr<StateAllocator> make_host_state_allocator();
+/// HBM state (cudaMalloc). @throws ght::logic_error without a GPU.
+[[nodiscard]] std::shared_ptr<StateAllocator> make_device_state_allocator();
+
+/// A flat group of parameters updated together.
+struct Region {
+  std::string name;
+  std::size_t n = 0;          ///< parameters
+  bool weight_decay = true;   ///< false for norms and biases
+  void* weight = nullptr;     ///< (n) bf16 compute weights, HBM (or host memory without a GPU); may be null
+  const void* grad = nullptr; ///< (n) gradients, HBM or host memory (the accumulator); may be set later
+  GradType grad_type = GradType::bf16;
+};
+
+struct AdamWOptions {
+  AdamWHyper hyper;
+  std::optional<PathChoice> path;  ///< unset: GHT_OPTIMIZER
+  std::optional<LinkMode> link_mode;  ///< unset: GHT_OPT_LINK_MODE
+  std::size_t chunk_elems = 0;     ///< parameters per GPU chunk; 0: GHT_OPT_CHUNK / 4
+  std::size_t staging_bytes = 0;   ///< cpu path staging bytes per slot; 0: GHT_STAGING_BYTES
+  int cpu_threads = 0;             ///< 0: GHT_CPU_THREADS / cores of the host NUMA node
+};
+
+/// What one step did.
+struct StepResult {
+  bool taken = false;       ///< false: skipped by the non-finite guard
+  double grad_norm = 0;     ///< global gradient norm before clipping (fp32-rounded)
+  double clip_coef = 1;     ///< multiplier applied to every gradient
+  std::int64_t step = 0;    ///< steps taken so far (bias-correction t)
+};
+
+struct OptimizerStats {
+  std::int64_t steps_taken = 0;
+  std::int64_t steps_skipped_nonfinite = 0;  ///< the trainer logs this
+  double last_grad_norm = 0;
+  double last_clip_coef = 1;
+};
+
+class AdamW {
+ public:
+  /**
+   * @brief Allocate master, m and v for every region (zeroed) and pick each region's path.
+   * @param alloc state memory; null: the host allocator, or the device allocator when the
+   *        choice is `device`
+   * @throws ght::logic_error for an empty or duplicate region, a path the machine cannot run
+   *         (gpu_link/device without a GPU, cpu with state only in HBM)
+   */
+  explicit AdamW(std::vector<Region> regions, AdamWOptions opts = {},
+                 std::shared_ptr<StateAllocator> alloc = nullptr);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
+  [[nodiscard]] std::size_t num_regions() const;
+  [[nodiscard]] const Region& region(std::size_t r) const;
+  [[nodiscard]] Path path(std::size_t r) const;
+  /// How a gpu_link region reaches its state (zero_copy for other paths).
+  [[nodiscard]] LinkMode link_mode(std::size_t r) const;
+  /// cls: TensorClass::master, adam_m or adam_v.
+  [[nodiscard]] const StateBuffer& state(std::size_t r, TensorClass cls) const;
+  [[nodiscard]] const AdamWHyper& hyper() const;
+  /// Point region r at a new gradient buffer.
+  void set_grad(std::size_t r, const void* grad, GradType type);
+
+  /// master = float(weight) for every region with a weight (init from a bf16 checkpoint).
+  void init_master_from_weights();
+  /// Copy host arrays (n floats each; null = leave that buffer) into region r's state.
+  void load_state(std::size_t r, const float* master, const float* m, const float* v);
+  /// Copy region r's state into host arrays (null = skip). Waits for pending updates.
+  void save_state(std::size_t r, float* master, float* m, float* v) const;
+  [[nodiscard]] std::int64_t step_count() const;
+  void set_step_count(std::int64_t t);  ///< for resume
+
+  /**
+   * @brief Phase 1: global grad norm, clip coefficient and the non-finite decision.
+   * @param lr learning rate of this step
+   * @param producer stream whose queued work writes the gradients (null: legacy default stream)
+   * Blocks until the norm is known.
+   */
+  StepResult begin_step(double lr, CUstream_st* producer = nullptr);
+  /// Phase 2: update region r (GPU paths: enqueue chunks on stream(); cpu path: compute now,
+  /// weights copied up asynchronously). Records the region's chunk events even when skipped.
+  void update_region(std::size_t r);
+  /// begin_step, then update_region for every region in order.
+  StepResult step(double lr, CUstream_st* producer = nullptr);
+  /// Wait until every launched update and weight copy has finished.
+  void synchronize() const;
+
+  /// The optimizer's link stream (null without a GPU).
+  [[nodiscard]] CUstream_st* stream() const;
+  [[nodiscard]] std::size_t num_chunks(std::size_t r) const;
+  /// Recorded after chunk c of region r is written (weights included). Null without a GPU.
+  [[nodiscard]] CUevent_st* chunk_event(std::size_t r, std::size_t c) const;
+  [[nodiscard]] CUevent_st* region_event(std::size_t r) const;
+
+  [[nodiscard]] const OptimizerStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ght::optimizer

@@ -1,0 +1,276 @@
+// AdamW on the GPU (gpu_link and device paths) and the deterministic device sum of squares.
+//
+// One kernel serves both paths: master, m and v are read and written in place wherever they live
+// (HBM, mapped pinned host memory over PCIe, system memory over C2C), the gradient is read from
+// HBM or host memory, and the bf16 weight is written to HBM. Per parameter it moves
+// 12 B read + 12 B written of state, 2 or 4 B of gradient and 2 B of weight: memory-bound.
+// Each thread handles 8 consecutive parameters per iteration with 16-byte accesses (two float4
+// per state array, one uint4 of bf16 gradients and weights), which keeps many long-latency link
+// reads in flight; state uses streaming (evict-first) cache hints because it is touched once.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "optimizer/adamw_kernels.hpp"
+#include "tier/cuda_check.hpp"
+
+namespace ght::optimizer {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ void load8(const float* p, float (&o)[8]) {
+  const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldcs(reinterpret_cast<const float4*>(p) + 1);
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+  o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+
+__device__ __forceinline__ void store8(float* p, const float (&o)[8]) {
+  __stcs(reinterpret_cast<float4*>(p), make_float4(o[0], o[1], o[2], o[3]));
+  __stcs(reinterpret_cast<float4*>(p) + 1, make_float4(o[4], o[5], o[6], o[7]));
+}
+
+__device__ __forceinline__ void load8_grad(const float* g, float (&o)[8]) { load8(g, o); }
+
+__device__ __forceinline__ void load8_grad(const std::uint16_t* g, float (&o)[8]) {
+  const uint4 u = __ldcs(reinterpret_cast<const uint4*>(g));
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    o[2 * j] = __uint_as_float(w[j] << 16);
+    o[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+  }
+}
+
+__device__ __forceinline__ float load1_grad(const float* g, std::size_t i) { return g[i]; }
+__device__ __forceinline__ float load1_grad(const std::uint16_t* g, std::size_t i) {
+  return __uint_as_float(static_cast<unsigned>(g[i]) << 16);
+}
+
+__device__ __forceinline__ unsigned bf16_bits(float x) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
+}
+
+// The update of one parameter; same operation order as adamw_cpu (see adamw_kernels.hpp).
+__device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float g,
+                                          const StepScalars& k) {
+  g *= k.grad_scale;
+  m = k.beta1 * m + k.one_minus_beta1 * g;
+  v = k.beta2 * v + k.one_minus_beta2 * (g * g);
+  const float denom = sqrtf(v) * k.inv_sqrt_bc2 + k.eps;
+  p = p * k.decay - k.step_size * (m / denom);
+}
+
+template <typename G, bool kWeight>
+__global__ void __launch_bounds__(kThreads)
+    adamw_vec8_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
+                      const G* __restrict__ grad, std::uint16_t* __restrict__ weight,
+                      std::size_t n8, StepScalars k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n8;
+       i += stride) {
+    const std::size_t e = i * 8;
+    float p[8], mm[8], vv[8], g[8];
+    // All loads first, so each thread has 6-8 independent 16-byte link reads outstanding.
+    load8(master + e, p);
+    load8(m + e, mm);
+    load8(v + e, vv);
+    load8_grad(grad + e, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) adam_elem(p[j], mm[j], vv[j], g[j], k);
+    store8(master + e, p);
+    store8(m + e, mm);
+    store8(v + e, vv);
+    if constexpr (kWeight) {
+      uint4 out;
+      out.x = bf16_bits(p[0]) | (bf16_bits(p[1]) << 16);
+      out.y = bf16_bits(p[2]) | (bf16_bits(p[3]) << 16);
+      out.z = bf16_bits(p[4]) | (bf16_bits(p[5]) << 16);
+      out.w = bf16_bits(p[6]) | (bf16_bits(p[7]) << 16);
+      *reinterpret_cast<uint4*>(weight + e) = out;
+    }
+  }
+}
+
+// Unaligned buffers and the last n % 8 parameters.
+template <typename G, bool kWeight>
+__global__ void __launch_bounds__(kThreads)
+    adamw_scalar_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
+                        const G* __restrict__ grad, std::uint16_t* __restrict__ weight,
+                        std::size_t n, StepScalars k) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    float p = master[i], mi = m[i], vi = v[i];
+    adam_elem(p, mi, vi, load1_grad(grad, i), k);
+    master[i] = p;
+    m[i] = mi;
+    v[i] = vi;
+    if constexpr (kWeight) weight[i] = static_cast<std::uint16_t>(bf16_bits(p));
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    GHT_CUDA_TRY(cudaGetDevice(&dev));
+    GHT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  }();
+  return n;
+}
+
+// Enough resident blocks to fill every SM, never more than the work needs.
+// Keyed by the kernel itself: instantiations differing only in a bool share a function type.
+template <auto Kernel>
+unsigned grid_for(std::size_t items) {
+  static const int per_sm = [] {
+    int b = 0;
+    GHT_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0));
+    return std::max(1, b);
+  }();
+  const std::size_t needed = (items + kThreads - 1) / kThreads;
+  const std::size_t full = static_cast<std::size_t>(per_sm) * static_cast<std::size_t>(sm_count());
+  return static_cast<unsigned>(std::max<std::size_t>(1, std::min(needed, full)));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+template <typename G, bool kWeight>
+void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
+  const G* g = static_cast<const G*>(s.grad);
+  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
+  const bool vec = aligned16(s.master) && aligned16(s.m) && aligned16(s.v) && aligned16(g) &&
+                   (!kWeight || aligned16(w));
+  std::size_t done = 0;
+  if (vec) {
+    const std::size_t n8 = s.n / 8;
+    if (n8 > 0) {
+      constexpr auto kern = adamw_vec8_kernel<G, kWeight>;
+      kern<<<grid_for<kern>(n8), kThreads, 0, stream>>>(s.master, s.m, s.v, g, w, n8, k);
+      GHT_CUDA_CHECK_LAUNCH();
+      done = n8 * 8;
+    }
+  }
+  if (done < s.n) {
+    const std::size_t rest = s.n - done;
+    constexpr auto kern = adamw_scalar_kernel<G, kWeight>;
+    kern<<<grid_for<kern>(rest), kThreads, 0, stream>>>(s.master + done, s.m + done, s.v + done,
+                                                        g + done, kWeight ? w + done : nullptr,
+                                                        rest, k);
+    GHT_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// ---- sum of squares ------------------------------------------------------------------------
+
+constexpr int kSumsqBlocksPerSm = 4;
+
+__device__ __forceinline__ double block_sum(double x) {
+  __shared__ double warp_sums[kThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xFFFFFFFFu, x, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = x;
+  __syncthreads();
+  double total = 0;
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+  }
+  return total;
+}
+
+// Fixed grid: the elements each thread sees, and the order they are added in, depend only on n,
+// so the partial in each block's slot is reproducible.
+template <typename G>
+__global__ void __launch_bounds__(kThreads)
+    sumsq_kernel(const G* __restrict__ g, std::size_t n, bool vec, double* __restrict__ partials) {
+  const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  double acc = 0;
+  std::size_t start = 0;
+  if (vec) {
+    const std::size_t n8 = n / 8;
+    for (std::size_t i = tid; i < n8; i += stride) {
+      float x[8];
+      load8_grad(g + i * 8, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+    }
+    start = n8 * 8;
+  }
+  for (std::size_t i = start + tid; i < n; i += stride) {
+    const double x = load1_grad(g, i);
+    acc += x * x;
+  }
+  const double total = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] += total;
+}
+
+__global__ void sum_partials_kernel(double* partials, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += partials[i];
+  partials[n] = s;
+}
+
+}  // namespace
+
+void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
+  if (s.n == 0) return;
+  GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_gpu: null master/m/v/grad pointer");
+  const bool w = s.weight != nullptr;
+  if (s.grad_type == GradType::bf16) {
+    w ? launch<std::uint16_t, true>(s, k, stream) : launch<std::uint16_t, false>(s, k, stream);
+  } else {
+    w ? launch<float, true>(s, k, stream) : launch<float, false>(s, k, stream);
+  }
+}
+
+DeviceSumsq::DeviceSumsq() {
+  blocks_ = sm_count() * kSumsqBlocksPerSm;
+  GHT_CUDA_TRY(cudaMalloc(&partials_, sizeof(double) * static_cast<std::size_t>(blocks_ + 1)));
+  const cudaError_t err = cudaMallocHost(&result_, sizeof(double));
+  if (err != cudaSuccess) {
+    (void)cudaFree(partials_);
+    GHT_CUDA_TRY(err);
+  }
+}
+
+DeviceSumsq::~DeviceSumsq() {
+  (void)cudaFree(partials_);
+  (void)cudaFreeHost(result_);
+}
+
+void DeviceSumsq::reset(cudaStream_t stream) {
+  GHT_CUDA_TRY(cudaMemsetAsync(partials_, 0, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
+                               stream));
+}
+
+void DeviceSumsq::add(const void* grad, GradType t, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  GHT_EXPECTS(grad != nullptr, "DeviceSumsq::add: null gradient pointer");
+  const bool vec = aligned16(grad);
+  if (t == GradType::bf16) {
+    sumsq_kernel<std::uint16_t><<<blocks_, kThreads, 0, stream>>>(
+        static_cast<const std::uint16_t*>(grad), n, vec, partials_);
+  } else {
+    sumsq_kernel<float><<<blocks_, kThreads, 0, stream>>>(static_cast<const float*>(grad), n, vec,
+                                                          partials_);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+double DeviceSumsq::finish(cudaStream_t stream) {
+  sum_partials_kernel<<<1, 1, 0, stream>>>(partials_, blocks_);
+  GHT_CUDA_CHECK_LAUNCH();
+  GHT_CUDA_TRY(cudaMemcpyAsync(result_, partials_ + blocks_, sizeof(double),
+                               cudaMemcpyDeviceToHost, stream));
+  GHT_CUDA_TRY(cudaStreamSynchronize(stream));
+  return *result_;
+}
+
+}  // namespace ght::optimizer

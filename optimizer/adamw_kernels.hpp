@@ -1,0 +1,130 @@
+#pragma once
+/**
+ * @file adamw_kernels.hpp
+ * @brief AdamW and gradient-norm kernels on raw pointers: the building blocks of every path.
+ *
+ * Semantics (identical in every path, equal to torch.optim.AdamW with decoupled weight decay):
+ *   g  = grad · grad_scale                      (grad_scale = global-norm clip coefficient ≤ 1)
+ *   m  = β1·m + (1−β1)·g
+ *   v  = β2·v + (1−β2)·g²
+ *   p  = p·(1 − lr·wd)                          (wd = 0 for regions without weight decay)
+ *   p  = p − (lr / (1−β1^t)) · m / (sqrt(v)/sqrt(1−β2^t) + ε)
+ *   w  = bf16_rn(p)                             (compute weight, written when a target is given)
+ * The per-step constants are folded once per step in double (make_step_scalars); the element
+ * loops run in fp32.
+ *
+ * Bytes each parameter must move (the roofline of every path):
+ *   read grad (2 bf16 / 4 fp32) + read master, m, v (12) + write master, m, v (12) + write w (2).
+ * FLOPs per parameter: about 15 plus one sqrt and one divide; every path is memory-bound.
+ */
+#include <cstddef>
+#include <cstdint>
+
+#include "optimizer/bf16.hpp"
+
+#ifdef GHT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ght::optimizer {
+
+/// Element type of a gradient buffer.
+enum class GradType : int { bf16 = 0, fp32 = 1 };
+[[nodiscard]] constexpr std::size_t grad_type_size(GradType t) noexcept {
+  return t == GradType::bf16 ? 2 : 4;
+}
+
+/// AdamW hyper-parameters fixed for a run (lr is supplied per step).
+struct AdamWHyper {
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;   ///< decoupled; applied only to regions flagged for decay
+  double max_grad_norm = 1.0;  ///< global-norm clipping threshold; <= 0 disables clipping
+};
+
+/// The constants of one step for one region, as the element loops consume them.
+struct StepScalars {
+  float beta1 = 0, one_minus_beta1 = 0;
+  float beta2 = 0, one_minus_beta2 = 0;
+  float eps = 0;
+  float step_size = 0;     ///< lr / (1 − β1^t)
+  float inv_sqrt_bc2 = 0;  ///< 1 / sqrt(1 − β2^t)
+  float decay = 1;         ///< 1 − lr·wd, or 1 without weight decay
+  float grad_scale = 1;    ///< clip coefficient
+};
+
+/**
+ * @brief Fold the per-step constants (in double, then rounded to fp32 once).
+ * @param step 1-based count of steps taken (skipped steps do not count)
+ * @param decay whether this region gets weight decay
+ * @param grad_scale clip coefficient in (0, 1]
+ * @throws ght::logic_error when step < 1, lr < 0, a β is outside [0, 1) or ε <= 0
+ */
+[[nodiscard]] StepScalars make_step_scalars(const AdamWHyper& h, double lr, std::int64_t step,
+                                            bool decay, double grad_scale);
+
+/// A contiguous slice of one region, updated in place.
+struct AdamWSpan {
+  float* master = nullptr;  ///< (n) fp32 master weights
+  float* m = nullptr;       ///< (n) first moment
+  float* v = nullptr;       ///< (n) second moment
+  const void* grad = nullptr;  ///< (n) gradients, element type grad_type
+  GradType grad_type = GradType::bf16;
+  bf16* weight = nullptr;   ///< (n) bf16 compute weights to write; may be null
+  std::size_t n = 0;
+};
+
+/**
+ * @brief AdamW on the host: OpenMP SIMD over a pinned team, static split (cpu_threads.hpp).
+ * Every pointer must be host-accessible. Results per element do not depend on the thread count.
+ * @param threads team size (0 = GHT_CPU_THREADS / cores of the host NUMA node)
+ */
+void adamw_cpu(const AdamWSpan& s, const StepScalars& k, int threads = 0);
+
+/// Elements per block of the deterministic host sum of squares.
+inline constexpr std::size_t kSumsqBlock = 1 << 16;
+
+/**
+ * @brief Σ g² over n host gradients. Squares are summed in double within fixed blocks of
+ * kSumsqBlock elements and the block partials are added in index order, so the result is the
+ * same bit for bit for any thread count. Non-finite inputs give a non-finite result; finite fp32
+ * inputs cannot overflow a double sum.
+ */
+[[nodiscard]] double grad_sumsq_cpu(const void* grad, GradType t, std::size_t n, int threads = 0);
+
+#ifdef GHT_HAVE_CUDA
+/**
+ * @brief AdamW on the GPU (the gpu_link and device paths). Pointers must be GPU-dereferenceable:
+ * HBM, mapped pinned host memory (PCIe) or system memory (c2c). With every pointer 16-byte
+ * aligned it moves 16-byte vectors (8 elements per thread per iteration, grid-stride, enough
+ * blocks to fill every SM); otherwise it falls back to a scalar loop. Asynchronous on `stream`.
+ */
+void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream);
+
+/**
+ * @brief Deterministic Σ g² of device gradients, accumulated over several buffers.
+ * Each of a fixed number of blocks adds its double partial into its own slot (no atomics), and
+ * finish() adds the slots in order, so results repeat bit for bit.
+ */
+class DeviceSumsq {
+ public:
+  DeviceSumsq();
+  ~DeviceSumsq();
+  DeviceSumsq(const DeviceSumsq&) = delete;
+  DeviceSumsq& operator=(const DeviceSumsq&) = delete;
+  /// Zero the partials (asynchronous on stream).
+  void reset(cudaStream_t stream);
+  /// Add Σ g² of n GPU-readable gradients (asynchronous on stream).
+  void add(const void* grad, GradType t, std::size_t n, cudaStream_t stream);
+  /// Reduce the partials and return the sum; synchronises with stream.
+  [[nodiscard]] double finish(cudaStream_t stream);
+
+ private:
+  int blocks_ = 0;
+  double* partials_ = nullptr;  ///< (blocks_) device
+  double* result_ = nullptr;    ///< (1) pinned host, written by the final kernel
+};
+#endif
+
+}  // namespace ght::optimizer

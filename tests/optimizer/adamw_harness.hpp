@@ -1,0 +1,359 @@
+#pragma once
+// Shared by the CPU and GPU optimizer tests: an fp64 AdamW reference, tolerance checks that
+// print the first mismatches and the worst error, and two drivers that run ght::optimizer::AdamW
+// on any path (10 steps against the reference; the non-finite guard with memcmp of all state).
+// Where gradients and weights live is abstracted by `Mem`, so the GPU tests reuse the drivers.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "optimizer/adamw.hpp"
+#include "optimizer/bf16.hpp"
+
+namespace ght::optimizer::test {
+
+// ---- fp64 reference ------------------------------------------------------------------------
+
+struct RefRegion {
+  bool decay = true;
+  std::vector<double> p, m, v;
+};
+
+/// One AdamW step in double precision with global-norm clipping (torch semantics).
+/// Returns the grad norm; `taken` false when it is not finite (nothing changes then).
+inline double ref_step(std::vector<RefRegion>& rs, const std::vector<std::vector<double>>& grads,
+                       const AdamWHyper& h, double lr, std::int64_t t, bool* taken) {
+  double ss = 0;
+  for (const auto& g : grads) {
+    for (double x : g) ss += x * x;
+  }
+  const double norm = std::sqrt(ss);
+  *taken = std::isfinite(norm);
+  if (!*taken) return norm;
+  const double clip = h.max_grad_norm > 0 ? std::min(1.0, h.max_grad_norm / (norm + 1e-6)) : 1.0;
+  const double bc1 = 1 - std::pow(h.beta1, static_cast<double>(t));
+  const double bc2 = 1 - std::pow(h.beta2, static_cast<double>(t));
+  for (std::size_t r = 0; r < rs.size(); ++r) {
+    RefRegion& R = rs[r];
+    for (std::size_t i = 0; i < R.p.size(); ++i) {
+      const double g = grads[r][i] * clip;
+      R.m[i] = h.beta1 * R.m[i] + (1 - h.beta1) * g;
+      R.v[i] = h.beta2 * R.v[i] + (1 - h.beta2) * g * g;
+      if (R.decay) R.p[i] *= 1 - lr * h.weight_decay;
+      R.p[i] -= (lr / bc1) * R.m[i] / (std::sqrt(R.v[i]) / std::sqrt(bc2) + h.eps);
+    }
+  }
+  return norm;
+}
+
+/// |got - ref| <= atol + rtol·|ref| everywhere; on failure print the first mismatches and the
+/// worst error.
+inline ::testing::AssertionResult all_close(const std::string& what, const std::vector<float>& got,
+                                            const std::vector<double>& ref, double rtol,
+                                            double atol) {
+  if (got.size() != ref.size()) {
+    return ::testing::AssertionFailure() << what << ": size " << got.size() << " vs " << ref.size();
+  }
+  std::size_t bad = 0, worst_i = 0;
+  double worst = 0;
+  std::string first;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - ref[i]);
+    const double tol = atol + rtol * std::abs(ref[i]);
+    if (!(err <= tol)) {
+      if (bad < 5) {
+        first += "\n  [" + std::to_string(i) + "] got " + std::to_string(got[i]) + " ref " +
+                 std::to_string(ref[i]) + " err " + std::to_string(err) + " tol " +
+                 std::to_string(tol);
+      }
+      ++bad;
+    }
+    if (!(err / (atol + rtol * std::abs(ref[i])) <= worst)) {
+      worst = err / (atol + rtol * std::abs(ref[i]));
+      worst_i = i;
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": " << bad << " of " << got.size()
+                                       << " elements out of tolerance" << first
+                                       << "\n  worst at [" << worst_i << "]: " << worst
+                                       << "x the tolerance";
+}
+
+// ---- where gradients and weights live --------------------------------------------------------
+
+/// Memory the test hands to the optimizer. Host by default; the GPU tests add HBM and pinned.
+struct Mem {
+  virtual ~Mem() = default;
+  virtual void* alloc(std::size_t bytes) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    return p;
+  }
+  virtual void release(void* p) { std::free(p); }
+  virtual void upload(void* dst, const void* src, std::size_t bytes) {
+    std::memcpy(dst, src, bytes);
+  }
+  virtual void download(void* dst, const void* src, std::size_t bytes) {
+    std::memcpy(dst, src, bytes);
+  }
+};
+
+struct Case {
+  std::vector<std::size_t> sizes = {4099, 777, 65536 + 5};  // the last one splits across a team
+  std::vector<bool> decay = {true, false, true};
+  std::vector<double> grad_scale = {1.0, 0.05, 3.0};  ///< per region, to vary magnitudes
+  GradType grad_type = GradType::bf16;
+  AdamWHyper hyper;
+  enum class Clip { active, inactive, disabled } clip = Clip::inactive;
+  int steps = 10;
+  std::uint32_t seed = 1234;
+};
+
+struct Buffers {
+  Mem* gmem = nullptr;
+  Mem* wmem = nullptr;
+  std::vector<void*> grads, weights;
+  ~Buffers() {
+    for (void* g : grads) gmem->release(g);
+    for (void* w : weights) wmem->release(w);
+  }
+};
+
+/// Random gradients for every region: the values the optimizer sees (bf16-rounded if needed) as
+/// doubles for the reference and as raw bytes for upload.
+inline void make_grads(const Case& c, std::mt19937& rng, std::vector<std::vector<double>>& ref,
+                       std::vector<std::vector<unsigned char>>& raw) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  ref.assign(c.sizes.size(), {});
+  raw.assign(c.sizes.size(), {});
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    const std::size_t n = c.sizes[r];
+    ref[r].resize(n);
+    raw[r].resize(n * grad_type_size(c.grad_type));
+    for (std::size_t i = 0; i < n; ++i) {
+      const float x = nd(rng) * static_cast<float>(c.grad_scale[r]);
+      if (c.grad_type == GradType::bf16) {
+        const std::uint16_t b = float_to_bf16_bits(x);
+        std::memcpy(raw[r].data() + 2 * i, &b, 2);
+        ref[r][i] = bf16_bits_to_float(b);
+      } else {
+        std::memcpy(raw[r].data() + 4 * i, &x, 4);
+        ref[r][i] = x;
+      }
+    }
+  }
+}
+
+/// Build regions with weights and gradients in `gmem`/`wmem`, state from `alloc`, initial master
+/// random (also loaded into the reference), m = v = 0.
+inline std::unique_ptr<AdamW> make_optimizer(const Case& c, Mem& gmem, Mem& wmem,
+                                             AdamWOptions opts,
+                                             std::shared_ptr<StateAllocator> alloc, Buffers& buf,
+                                             std::vector<RefRegion>& ref, std::mt19937& rng) {
+  buf.gmem = &gmem;
+  buf.wmem = &wmem;
+  std::vector<Region> regions;
+  std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+  ref.assign(c.sizes.size(), {});
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    const std::size_t n = c.sizes[r];
+    Region reg;
+    reg.name = "region" + std::to_string(r);
+    reg.n = n;
+    reg.weight_decay = c.decay[r];
+    reg.grad_type = c.grad_type;
+    buf.grads.push_back(gmem.alloc(n * grad_type_size(c.grad_type)));
+    buf.weights.push_back(wmem.alloc(n * sizeof(bf16)));
+    reg.grad = buf.grads.back();
+    reg.weight = buf.weights.back();
+    regions.push_back(reg);
+    ref[r].decay = c.decay[r];
+    ref[r].p.resize(n);
+    ref[r].m.assign(n, 0.0);
+    ref[r].v.assign(n, 0.0);
+  }
+  opts.hyper = c.hyper;
+  auto opt = std::make_unique<AdamW>(std::move(regions), opts, std::move(alloc));
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    std::vector<float> p(c.sizes[r]);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      p[i] = ud(rng);
+      ref[r].p[i] = p[i];
+    }
+    opt->load_state(r, p.data(), nullptr, nullptr);
+  }
+  return opt;
+}
+
+inline double expected_norm(const std::vector<std::vector<double>>& g) {
+  double ss = 0;
+  for (const auto& v : g) {
+    for (double x : v) ss += x * x;
+  }
+  return std::sqrt(ss);
+}
+
+/// 10 steps (Case::steps) on the optimizer's path against the fp64 reference.
+inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
+                               std::shared_ptr<StateAllocator> alloc, Path expected_path) {
+  std::mt19937 rng(c.seed);
+  Buffers buf;
+  std::vector<RefRegion> ref;
+  std::vector<std::vector<double>> g_ref;
+  std::vector<std::vector<unsigned char>> g_raw;
+  // Clip thresholds relative to the first step's norm: well below (active) or far above.
+  {
+    std::mt19937 probe(c.seed + 1);
+    make_grads(c, probe, g_ref, g_raw);
+    const double n0 = expected_norm(g_ref);
+    c.hyper.max_grad_norm = c.clip == Case::Clip::active     ? 0.25 * n0
+                            : c.clip == Case::Clip::inactive ? 1e6 * n0
+                                                             : 0.0;
+  }
+  auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) ASSERT_EQ(opt->path(r), expected_path);
+  for (int s = 1; s <= c.steps; ++s) {
+    make_grads(c, rng, g_ref, g_raw);
+    for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+      gmem.upload(buf.grads[r], g_raw[r].data(), g_raw[r].size());
+    }
+    const double lr = 1e-3 * (1.0 + 0.3 * s);  // a different lr every step
+    bool taken = false;
+    const double ref_norm = ref_step(ref, g_ref, c.hyper, lr, s, &taken);
+    ASSERT_TRUE(taken);
+    const StepResult res = opt->step(lr);
+    opt->synchronize();
+    ASSERT_TRUE(res.taken);
+    EXPECT_EQ(res.step, s);
+    EXPECT_NEAR(res.grad_norm, ref_norm, 1e-6 * ref_norm);
+    if (c.clip == Case::Clip::active) {
+      EXPECT_LT(res.clip_coef, 0.9);
+    } else {
+      EXPECT_EQ(res.clip_coef, 1.0);
+    }
+  }
+  EXPECT_EQ(opt->stats().steps_taken, c.steps);
+  EXPECT_EQ(opt->stats().steps_skipped_nonfinite, 0);
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    const std::size_t n = c.sizes[r];
+    std::vector<float> p(n), m(n), v(n);
+    opt->save_state(r, p.data(), m.data(), v.data());
+    const double gs = c.grad_scale[r];
+    const std::string tag = "region " + std::to_string(r) + " (" + std::string(to_string(expected_path)) + ")";
+    EXPECT_TRUE(all_close(tag + " master", p, ref[r].p, 2e-6, 2e-6));
+    EXPECT_TRUE(all_close(tag + " m", m, ref[r].m, 1e-5, 1e-6 * gs));
+    EXPECT_TRUE(all_close(tag + " v", v, ref[r].v, 1e-5, 1e-10 * gs * gs));
+    // The bf16 weight is exactly the rounded master.
+    std::vector<std::uint16_t> w(n);
+    wmem.download(w.data(), buf.weights[r], n * sizeof(bf16));
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < n; ++i) mismatches += w[i] != float_to_bf16_bits(p[i]);
+    EXPECT_EQ(mismatches, 0u) << tag << ": bf16 weights differ from bf16_rn(master)";
+  }
+}
+
+/// Snapshot of every byte the optimizer owns or writes.
+struct Snapshot {
+  std::vector<std::vector<float>> p, m, v;
+  std::vector<std::vector<std::uint16_t>> w;
+};
+
+inline Snapshot snapshot(const AdamW& opt, Mem& wmem, const Buffers& buf) {
+  Snapshot s;
+  for (std::size_t r = 0; r < opt.num_regions(); ++r) {
+    const std::size_t n = opt.region(r).n;
+    s.p.emplace_back(n);
+    s.m.emplace_back(n);
+    s.v.emplace_back(n);
+    s.w.emplace_back(n);
+    opt.save_state(r, s.p.back().data(), s.m.back().data(), s.v.back().data());
+    wmem.download(s.w.back().data(), buf.weights[r], n * sizeof(bf16));
+  }
+  return s;
+}
+
+inline bool bytes_equal(const Snapshot& a, const Snapshot& b) {
+  auto eq = [](const auto& x, const auto& y) {
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      if (x[i].size() != y[i].size() ||
+          std::memcmp(x[i].data(), y[i].data(), x[i].size() * sizeof(x[i][0])) != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  return eq(a.p, b.p) && eq(a.m, b.m) && eq(a.v, b.v) && eq(a.w, b.w);
+}
+
+/// Two normal steps, then NaN, +Inf and -Inf injected into one gradient element (each skipped,
+/// state byte-equal, counter incremented), then a normal step that is taken again.
+inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
+                               std::shared_ptr<StateAllocator> alloc, Path expected_path) {
+  std::mt19937 rng(c.seed);
+  Buffers buf;
+  std::vector<RefRegion> ref;
+  std::vector<std::vector<double>> g_ref;
+  std::vector<std::vector<unsigned char>> g_raw;
+  c.hyper.max_grad_norm = 1.0;
+  auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) ASSERT_EQ(opt->path(r), expected_path);
+  auto upload = [&] {
+    for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+      gmem.upload(buf.grads[r], g_raw[r].data(), g_raw[r].size());
+    }
+  };
+  for (int s = 0; s < 2; ++s) {
+    make_grads(c, rng, g_ref, g_raw);
+    upload();
+    ASSERT_TRUE(opt->step(1e-3).taken);
+  }
+  opt->synchronize();
+  const float bad[3] = {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()};
+  for (int k = 0; k < 3; ++k) {
+    make_grads(c, rng, g_ref, g_raw);
+    const std::size_t r = static_cast<std::size_t>(k) % c.sizes.size();
+    const std::size_t i = c.sizes[r] / 2 + static_cast<std::size_t>(k);
+    if (c.grad_type == GradType::bf16) {
+      const std::uint16_t b = float_to_bf16_bits(bad[k]);
+      std::memcpy(g_raw[r].data() + 2 * i, &b, 2);
+    } else {
+      std::memcpy(g_raw[r].data() + 4 * i, &bad[k], 4);
+    }
+    upload();
+    const Snapshot before = snapshot(*opt, wmem, buf);
+    const StepResult res = opt->step(1e-3);
+    opt->synchronize();
+    EXPECT_FALSE(res.taken) << "value " << bad[k];
+    EXPECT_FALSE(std::isfinite(res.grad_norm));
+    EXPECT_EQ(res.step, 2);
+    EXPECT_EQ(opt->stats().steps_skipped_nonfinite, k + 1);
+    EXPECT_EQ(opt->step_count(), 2);
+    const Snapshot after = snapshot(*opt, wmem, buf);
+    EXPECT_TRUE(bytes_equal(before, after)) << "state changed on a skipped step (value " << bad[k]
+                                            << ", path " << to_string(expected_path) << ")";
+  }
+  make_grads(c, rng, g_ref, g_raw);
+  upload();
+  const Snapshot before = snapshot(*opt, wmem, buf);
+  const StepResult res = opt->step(1e-3);
+  opt->synchronize();
+  EXPECT_TRUE(res.taken);
+  EXPECT_EQ(res.step, 3);
+  EXPECT_EQ(opt->stats().steps_skipped_nonfinite, 3);
+  EXPECT_EQ(opt->stats().steps_taken, 3);
+  EXPECT_FALSE(bytes_equal(before, snapshot(*opt, wmem, buf)));
+}
+
+}  // namespace ght::optimizer::test
