@@ -35,7 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 nvcc --version | tail -1; cmake --version | head -1; nproc; free -g | head -2
 
 if want build; then
-  run_stage build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGHT_CUDA_ARCH=90 >build-gpu/configure.log 2>&1 || { cat build-gpu/configure.log; exit 1; }; cmake --build build-gpu -j\$(nproc) 2>&1 | grep -E 'error|warning|FAILED|Linking CXX executable bin/ght$' ; exit \${PIPESTATUS[0]}"
+  run_stage build bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGHT_CUDA_ARCH=90 >build-gpu/configure.log 2>&1 || { cat build-gpu/configure.log; exit 1; }; cmake --build build-gpu -j\$(nproc) -- -k 0 > build-gpu/build.log 2>&1; rc=\$?; grep -E 'error|FAILED' build-gpu/build.log | grep -v '^/usr/local/cuda/bin/nvcc' | head -80; exit \$rc"
 fi
 if want probe; then
   run_stage probe bash -c "GHT_CACHE_DIR=$res $ght info --probe && $ght info --probe --json > $res/info_probe.json"
