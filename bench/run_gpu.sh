@@ -41,7 +41,8 @@ if want probe; then
   run_stage probe bash -c "GHT_CACHE_DIR=$res $ght info --probe && $ght info --probe --json > $res/info_probe.json"
 fi
 if want test; then
-  run_stage test ctest --test-dir build-gpu --output-on-failure -j4 --timeout 600
+  # GHT_CTEST_ARGS narrows the run, e.g. GHT_CTEST_ARGS="-R Cuda"
+  run_stage test ctest --test-dir build-gpu --output-on-failure -j4 --timeout 600 ${GHT_CTEST_ARGS:-}
 fi
 if want sanitizer; then
   # Device tests under compute-sanitizer memcheck with the direct (cudaMalloc) device resource.
