@@ -41,8 +41,8 @@ if want probe; then
   run_stage probe bash -c "GHT_CACHE_DIR=$res $ght info --probe && $ght info --probe --json > $res/info_probe.json"
 fi
 if want test; then
-  # GHT_CTEST_ARGS narrows the run, e.g. GHT_CTEST_ARGS="-R Cuda"
-  run_stage test ctest --test-dir build-gpu --output-on-failure -j4 --timeout 600 ${GHT_CTEST_ARGS:-}
+  # RUN_GPU_CTEST_ARGS narrows the run, e.g. RUN_GPU_CTEST_ARGS="-R Cuda"
+  run_stage test ctest --test-dir build-gpu --output-on-failure -j4 --timeout 600 ${RUN_GPU_CTEST_ARGS:-}
 fi
 if want sanitizer; then
   # Device tests under compute-sanitizer memcheck with the direct (cudaMalloc) device resource.
@@ -62,6 +62,7 @@ if want torch; then
 fi
 if want interop; then
   [ -f tests/interop/check_hf.py ] && run_stage interop python3 tests/interop/check_hf.py --ght "$ght" --work build-gpu/interop
+  [ -f tests/interop/check_hf_gpu.py ] && run_stage interop-gpu python3 tests/interop/check_hf_gpu.py --ght "$ght" --work build-gpu/interop-gpu
 fi
 if want bench-alloc; then
   b=$(ls build-gpu/bin/bench_alloc* 2>/dev/null | head -1)
@@ -85,7 +86,7 @@ tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch interop bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train; do
+for s in build probe test sanitizer torch interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done

@@ -11,6 +11,7 @@
 #include "optimizer/detail/memory.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "tier/topology.hpp"
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -63,8 +64,13 @@ std::string_view to_string(LinkMode m) noexcept {
 
 LinkMode link_mode_from_config() {
   // The registry has validated the value against auto|zero_copy|dma.
-  return config::cfg().get_string(config::Key::GHT_OPT_LINK_MODE) == "dma" ? LinkMode::dma
-                                                                            : LinkMode::zero_copy;
+  const std::string v = config::cfg().get_string(config::Key::GHT_OPT_LINK_MODE);
+  if (v == "dma") return LinkMode::dma;
+  if (v == "zero_copy") return LinkMode::zero_copy;
+  // auto: on PCIe the in-place kernel reached 0.70 Gparam/s (19% of the link roofline) while the
+  // copy-engine path reached 3.95 Gparam/s (bench/results/2026-11-29-h200-optimizer.md); on a
+  // coherent C2C link the GPU reads host memory natively, so it updates in place.
+  return tier::topology().link == LinkKind::c2c ? LinkMode::zero_copy : LinkMode::dma;
 }
 
 // ---- default allocators ----------------------------------------------------------------------

@@ -46,7 +46,7 @@ namespace ght::optimizer {
 
 enum class Path { gpu_link, cpu, device };
 enum class PathChoice { automatic, gpu_link, cpu, device };
-/// How the gpu_link path reaches host state (GHT_OPT_LINK_MODE; auto = zero_copy).
+/// How the gpu_link path reaches host state (GHT_OPT_LINK_MODE; auto = zero_copy on c2c, dma on pcie).
 ///   zero_copy  the kernel reads and writes master, m and v in place through mapped pointers
 ///   dma        copy engines stream each chunk's master, m and v into one of three HBM slots
 ///              and back (both directions at once), the kernel updates the slot in HBM

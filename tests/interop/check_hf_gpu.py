@@ -11,9 +11,12 @@
      - in bf16 on cuda (the reference the loss check uses: |ours - hf_bf16| / hf_bf16 <= 1e-2),
      - in fp32 on cuda with the weights rounded to bf16 (the same weights we use), with autograd:
        the gradient reference.
-   Gradient check per tensor: cosine(ours, ref) >= 0.99 and
-     rel_l2 = ||ours - ref|| / ||ref|| <= max(0.05, 2 x the rel_l2 of HF's own bf16 gradients),
-   i.e. within bf16 noise (HF-bf16 vs HF-fp32 on the same tokens is printed as that floor).
+   Gradient check per tensor, both bounds set by the same rule, "within twice the error that
+   HF's own bf16 run makes against the same fp32 reference":
+     cosine(ours, ref) >= min(0.99, 1 - 2 x (1 - cosine(HF bf16, ref))), and
+     rel_l2 = ||ours - ref|| / ||ref|| <= max(0.05, 2 x rel_l2(HF bf16, ref)).
+   (The router gate's gradient is the noisiest in bf16: on the first H200 run HF's own bf16
+   gradient had cosine 0.9898 against fp32, so a flat 0.99 would fail the reference itself.)
    Routing is top-k, so a token whose k-th and (k+1)-th router logits nearly tie may pick a
    different expert in bf16 than in fp32 on either side; that is why cosine is the primary check.
 
@@ -160,12 +163,13 @@ def main():
         rel, cos = compare(got, g_ref[n])
         floor, floor_cos = compare(g_bf16[n], g_ref[n])
         tol = max(0.05, 2 * floor)
-        good = cos >= 0.99 and rel <= tol
+        cos_tol = min(0.99, 1 - 2 * (1 - floor_cos))
+        good = cos >= cos_tol and rel <= tol
         ok &= good
-        print(f"grad {n:48s} rel_l2 {rel:.3e} (tol {tol:.3e}) cosine {cos:.6f} | HF bf16: rel_l2 {floor:.3e} "
+        print(f"grad {n:48s} rel_l2 {rel:.3e} (tol {tol:.3e}) cosine {cos:.6f} (tol {cos_tol:.4f}) | HF bf16: rel_l2 {floor:.3e} "
               f"cosine {floor_cos:.6f} {'ok' if good else 'FAIL'}")
         report["grads"][n] = {"rel_l2": rel, "cosine": cos, "hf_bf16_rel_l2": floor, "hf_bf16_cosine": floor_cos,
-                              "tol": tol, "ok": good}
+                              "tol": tol, "cosine_tol": cos_tol, "ok": good}
     report["pass"] = bool(ok)
     print(json.dumps(report))
     print("hf gpu parity:", "PASS" if ok else "FAIL")
