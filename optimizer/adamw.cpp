@@ -68,7 +68,7 @@ LinkMode link_mode_from_config() {
   if (v == "dma") return LinkMode::dma;
   if (v == "zero_copy") return LinkMode::zero_copy;
   // auto: on PCIe the in-place kernel reached 0.70 Gparam/s (19% of the link roofline) while the
-  // copy-engine path reached 3.95 Gparam/s (bench/results/2026-11-29-h200-optimizer.md); on a
+  // copy-engine path reached 3.95 Gparam/s (bench/results/2026-11-30-h200-optimizer.md); on a
   // coherent C2C link the GPU reads host memory natively, so it updates in place.
   return tier::topology().link == LinkKind::c2c ? LinkMode::zero_copy : LinkMode::dma;
 }
