@@ -1,0 +1,198 @@
+#include "alloc/detail/host_memory.hpp"
+
+#include <numa.h>
+#include <numaif.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "alloc/resource.hpp"
+#include "tier/config.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+// Free small blocks are poisoned, so AddressSanitizer reports a use after free inside the pool
+// as it would for malloc'd memory.
+#define GHT_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define GHT_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define GHT_POISON(p, n) ((void)(p), (void)(n))
+#define GHT_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+#include "tier/error.hpp"
+
+namespace ght::alloc::detail {
+
+bool numa_node_usable(int node) noexcept {
+  if (node < 0 || numa_available() < 0 || node > numa_max_node()) return false;
+  bitmask* allowed = numa_get_mems_allowed();
+  const bool ok = allowed != nullptr && numa_bitmask_isbitset(allowed, static_cast<unsigned>(node));
+  if (allowed != nullptr) numa_bitmask_free(allowed);
+  return ok && numa_node_size64(node, nullptr) > 0;
+}
+
+std::uint64_t numa_node_free_bytes(int node) noexcept {
+  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
+    long long free_bytes = 0;
+    if (numa_node_size64(node, &free_bytes) > 0 && free_bytes >= 0) {
+      return static_cast<std::uint64_t>(free_bytes);
+    }
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+                               : UINT64_MAX;
+}
+
+std::size_t mapped_length(std::size_t bytes) noexcept {
+  return bytes >= 2 * kHugePageBytes ? align_up(bytes, kHugePageBytes)
+                                     : align_up(bytes, kPageBytes);
+}
+
+int touch_threads_for(std::size_t len, int max_threads) noexcept {
+  const auto by_size = static_cast<int>(len / (std::size_t{64} << 20));
+  return std::clamp(by_size, 1, std::max(1, max_threads));
+}
+
+void touch_pages(void* p, std::size_t len, int threads) noexcept {
+  auto* base = static_cast<volatile char*>(p);
+  const auto pages = static_cast<std::int64_t>(len / kPageBytes);
+  if (threads <= 1) {
+    for (std::int64_t i = 0; i < pages; ++i) base[i * static_cast<std::int64_t>(kPageBytes)] = 0;
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t i = 0; i < pages; ++i) base[i * static_cast<std::int64_t>(kPageBytes)] = 0;
+}
+
+void* map_host(std::size_t bytes, int node, int touch_threads, bool huge_pages) {
+  const std::size_t len = mapped_length(bytes);
+  // Huge-page-sized blocks are mapped 2 MiB-aligned (over-map, then trim) so THP can back them:
+  // faulting, touching and registering 2 MiB pages is far cheaper than 4 KiB ones.
+  const bool huge = huge_pages && len >= 2 * kHugePageBytes;
+  const std::size_t map_len = huge ? len + kHugePageBytes : len;
+  void* raw = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) {
+    const int err = errno;
+    if (err == ENOMEM) {
+      throw ght::out_of_memory("host mmap of " + config::format_bytes(len) + " failed: " +
+                               std::strerror(err));
+    }
+    GHT_FAIL("host mmap of " + std::to_string(len) + " bytes failed: " + std::strerror(err));
+  }
+  char* p = static_cast<char*>(raw);
+  if (huge) {
+    char* aligned = reinterpret_cast<char*>(
+        align_up(reinterpret_cast<std::uintptr_t>(p), kHugePageBytes));
+    const std::size_t head = static_cast<std::size_t>(aligned - p);
+    if (head > 0) munmap(p, head);
+    const std::size_t tail = map_len - head - len;
+    if (tail > 0) munmap(aligned + len, tail);
+    p = aligned;
+    (void)madvise(p, len, MADV_HUGEPAGE);  // advisory: fails harmlessly where THP is off
+  }
+  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
+    // Preferred rather than strict binding: with MPOL_BIND an exhausted node ends in the OOM
+    // killer at fault time instead of an error; budgets keep usage within the node anyway.
+    const unsigned long maxnode = static_cast<unsigned long>(numa_max_node()) + 2;
+    std::vector<unsigned long> mask((maxnode + 8 * sizeof(unsigned long) - 1) /
+                                        (8 * sizeof(unsigned long)),
+                                    0UL);
+    mask[static_cast<std::size_t>(node) / (8 * sizeof(unsigned long))] |=
+        1UL << (static_cast<std::size_t>(node) % (8 * sizeof(unsigned long)));
+    if (mbind(p, len, MPOL_PREFERRED, mask.data(), maxnode, 0) != 0) {
+      const int err = errno;
+      munmap(p, len);
+      GHT_FAIL("mbind of " + std::to_string(len) + " bytes to NUMA node " + std::to_string(node) +
+               " failed: " + std::strerror(err));
+    }
+  }
+  if (touch_threads > 0) touch_pages(p, len, touch_threads);
+  return p;
+}
+
+void unmap_host(void* p, std::size_t bytes) noexcept {
+  if (p != nullptr) munmap(p, mapped_length(bytes));
+}
+
+// ---- small_block_pool -------------------------------------------------------------------------
+
+small_block_pool::small_block_pool(slab_alloc_fn slab_alloc, slab_free_fn slab_free)
+    : slab_alloc_(std::move(slab_alloc)), slab_free_(std::move(slab_free)) {}
+
+small_block_pool::~small_block_pool() {
+  for (auto& [p, n] : slabs_) {
+    GHT_UNPOISON(p, n);  // the address range may be mapped again for something else
+    slab_free_(p, n);
+  }
+}
+
+std::size_t small_block_pool::class_bytes(std::size_t bytes, std::size_t alignment) noexcept {
+  return std::max({std::bit_ceil(bytes), alignment, kMinClass});
+}
+
+int small_block_pool::class_index(std::size_t cls) noexcept {
+  return std::countr_zero(cls) - std::countr_zero(kMinClass);
+}
+
+char* small_block_pool::take_run(std::size_t bytes) {
+  std::lock_guard lock(slab_mu_);
+  if (slab_cur_ == nullptr || static_cast<std::size_t>(slab_end_ - slab_cur_) < bytes) {
+    // The tail of the old slab (smaller than any run) is abandoned: runs are 64 KiB-aligned
+    // multiples, so at most one run's worth per slab is lost.
+    char* slab = static_cast<char*>(slab_alloc_(kSlabBytes));
+    slabs_.emplace_back(slab, kSlabBytes);
+    slab_cur_ = slab;
+    slab_end_ = slab + kSlabBytes;
+  }
+  char* run = slab_cur_;
+  slab_cur_ += bytes;
+  return run;
+}
+
+void* small_block_pool::allocate(std::size_t bytes, std::size_t alignment) {
+  const std::size_t cls = class_bytes(bytes, alignment);
+  SizeClass& c = classes_[static_cast<std::size_t>(class_index(cls))];
+  std::lock_guard lock(c.mu);
+  if (c.free != nullptr) {
+    FreeBlock* b = c.free;
+    GHT_UNPOISON(b, cls);
+    c.free = b->next;
+    return b;
+  }
+  if (c.cur == c.end) {
+    const std::size_t run = std::max(std::size_t{64} << 10, 8 * cls);
+    c.cur = take_run(run);
+    c.end = c.cur + run;
+  }
+  void* p = c.cur;
+  c.cur += cls;
+  return p;
+}
+
+void small_block_pool::deallocate(void* p, std::size_t bytes, std::size_t alignment) noexcept {
+  const std::size_t cls = class_bytes(bytes, alignment);
+  SizeClass& c = classes_[static_cast<std::size_t>(class_index(cls))];
+  auto* b = static_cast<FreeBlock*>(p);
+  std::lock_guard lock(c.mu);
+  b->next = c.free;
+  c.free = b;
+  GHT_POISON(b, cls);
+}
+
+std::size_t small_block_pool::reserved_bytes() const {
+  std::lock_guard lock(slab_mu_);
+  return slabs_.size() * kSlabBytes;
+}
+
+std::vector<std::pair<void*, std::size_t>> small_block_pool::slabs() const {
+  std::lock_guard lock(slab_mu_);
+  return slabs_;
+}
+
+}  // namespace ght::alloc::detail

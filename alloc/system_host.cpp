@@ -1,0 +1,44 @@
+#include "alloc/system_host.hpp"
+
+#include "tier/error.hpp"
+
+namespace ght::alloc {
+
+namespace {
+int checked_node(int node) {
+  GHT_EXPECTS(node >= -1, "system_host: NUMA node " + std::to_string(node) + " is invalid");
+  GHT_EXPECTS(node == -1 || detail::numa_node_usable(node),
+              "system_host: NUMA node " + std::to_string(node) +
+                  " does not exist, has no memory or is not allowed for this process");
+  return node;
+}
+}  // namespace
+
+system_host::system_host(int numa_node, bool huge_pages)
+    : node_(checked_node(numa_node)),
+      huge_(huge_pages),
+      name_(node_ >= 0 ? "system_host(node " + std::to_string(node_) + ")" : "system_host"),
+      small_([node = node_](std::size_t n) { return detail::map_host(n, node, 0, true); },
+             [](void* p, std::size_t n) { detail::unmap_host(p, n); }) {}
+
+std::uint64_t system_host::physical_free() const noexcept {
+  return detail::numa_node_free_bytes(node_);
+}
+
+void* system_host::do_allocate(std::size_t bytes, std::size_t alignment, stream_t, TensorClass) {
+  if (detail::small_block_pool::handles(bytes, alignment)) return small_.allocate(bytes, alignment);
+  // Pages are left to fault in lazily: they follow the mapping's NUMA policy when first touched,
+  // and a block that is never fully used costs only what is touched.
+  return detail::map_host(bytes, node_, 0, huge_);
+}
+
+void system_host::do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_t,
+                                TensorClass) {
+  if (detail::small_block_pool::handles(bytes, alignment)) {
+    small_.deallocate(p, bytes, alignment);
+  } else {
+    detail::unmap_host(p, bytes);
+  }
+}
+
+}  // namespace ght::alloc

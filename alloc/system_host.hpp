@@ -1,0 +1,49 @@
+#pragma once
+/**
+ * @file system_host.hpp
+ * @brief system_host: aligned host memory on a NUMA node, not registered with CUDA.
+ *
+ * Where the link is c2c (GH200) the GPU dereferences this memory directly; on a pcie link only
+ * the CPU may use it. Blocks up to 256 KiB come from a size-class pool carved from bound 4 MiB
+ * slabs; larger blocks are mappings of their own, returned to the OS on free.
+ */
+#include <string>
+
+#include "alloc/detail/host_memory.hpp"
+#include "alloc/resource.hpp"
+
+namespace ght::alloc {
+
+class system_host final : public memory_resource {
+ public:
+  /**
+   * @param numa_node node whose memory is preferred; -1 leaves placement to the kernel
+   * @param huge_pages back blocks of 4 MiB and more with transparent huge pages (see
+   *        detail::map_host); off suits blocks that are touched sparsely
+   * @throws ght::logic_error if numa_node names no usable node
+   */
+  explicit system_host(int numa_node = -1, bool huge_pages = true);
+
+  [[nodiscard]] int numa_node() const noexcept { return node_; }
+  [[nodiscard]] bool huge_pages() const noexcept { return huge_; }
+  [[nodiscard]] TierKind tier() const noexcept override { return TierKind::host; }
+  [[nodiscard]] std::string_view name() const noexcept override { return name_; }
+  [[nodiscard]] std::size_t max_alignment() const noexcept override { return detail::kPageBytes; }
+  [[nodiscard]] bool host_accessible() const noexcept override { return true; }
+  [[nodiscard]] std::uint64_t physical_free() const noexcept override;
+  /// Bytes held by the small-block pool's slabs.
+  [[nodiscard]] std::size_t pool_reserved_bytes() const { return small_.reserved_bytes(); }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, stream_t stream,
+                    TensorClass cls) override;
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_t stream,
+                     TensorClass cls) override;
+
+  int node_;
+  bool huge_;
+  std::string name_;
+  detail::small_block_pool small_;
+};
+
+}  // namespace ght::alloc
