@@ -46,27 +46,30 @@ if want test; then
 fi
 if want sanitizer; then
   # Device tests under compute-sanitizer memcheck with the direct (cudaMalloc) device resource.
+  # Left out: tests that provoke an out-of-memory on purpose (memcheck reports the failing API
+  # call as an error) and the stream-ordering test, whose 300 ms spin kernel is only meaningful
+  # at native speed (memcheck serialises and slows kernels). API errors are not reported: the
+  # allocator's error paths call CUDA with bad arguments on purpose in some tests.
   san() {
-    local bins; bins=$(ls build-gpu/bin/alloc_*_test 2>/dev/null | head -5)
-    [ -n "$bins" ] || { echo "no alloc tests built"; return 1; }
     local rc=0 b
-    for b in $bins; do
-      GHT_DEVICE_POOL=direct compute-sanitizer --tool memcheck --error-exitcode 9 "$b" --gtest_filter='*evice*' --gtest_brief=1 || rc=1
+    for b in build-gpu/bin/alloc_device_pool_test build-gpu/bin/alloc_tiered_test; do
+      [ -x "$b" ] || { echo "missing $b"; rc=1; continue; }
+      GHT_DEVICE_POOL=direct compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 "$b" \
+        --gtest_filter='-*OutOfMemory*:*NotReusedOnOtherStream*:*Exhaust*' --gtest_brief=1 || rc=1
     done
     return $rc
   }
   run_stage sanitizer san
 fi
 if want torch; then
-  run_stage torch bash -c "GHT_TORCH_TIER=hbm python3 examples/torch_pluggable.py build-gpu/lib/libghtier.so && GHT_TORCH_TIER=host python3 examples/torch_pluggable.py build-gpu/lib/libghtier.so"
+  run_stage torch bash -c "GHT_TORCH_TIER=hbm python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier.so && GHT_TORCH_TIER=host python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier.so"
 fi
 if want interop; then
   [ -f tests/interop/check_hf.py ] && run_stage interop python3 tests/interop/check_hf.py --ght "$ght" --work build-gpu/interop
   [ -f tests/interop/check_hf_gpu.py ] && run_stage interop-gpu python3 tests/interop/check_hf_gpu.py --ght "$ght" --work build-gpu/interop-gpu
 fi
 if want bench-alloc; then
-  b=$(ls build-gpu/bin/bench_alloc* 2>/dev/null | head -1)
-  [ -n "$b" ] && run_stage bench-alloc "$b" --benchmark_out="$res/bench_alloc.json" --benchmark_out_format=json
+  [ -x build-gpu/bin/alloc_bench ] && run_stage bench-alloc build-gpu/bin/alloc_bench --ght_json="$res/bench_alloc.json"
 fi
 if want bench-opt; then
   b=$(ls build-gpu/bin/bench_optimizer* 2>/dev/null | head -1)
