@@ -1,4 +1,5 @@
 #include "trainer/model.hpp"
+#include "trainer/detail/normal_rng.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -61,39 +62,7 @@ struct Workspace {
 
 namespace {
 
-// Deterministic standard normal from a 64-bit seed, independent of the C++ library (std::
-// normal_distribution is implementation-defined): splitmix64 + Box-Muller.
-class NormalRng {
- public:
-  explicit NormalRng(std::uint64_t seed) : s_(seed) {}
-  double next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    double u1 = 0;
-    do {
-      u1 = uniform();
-    } while (u1 <= 0.0);
-    const double u2 = uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * std::numbers::pi * u2;
-    spare_ = r * std::sin(a);
-    has_spare_ = true;
-    return r * std::cos(a);
-  }
-
- private:
-  std::uint64_t next_u64() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
-  std::uint64_t s_;
-  double spare_ = 0;
-  bool has_spare_ = false;
-};
+using detail::NormalRng;  // shared with the CUDA model (trainer/detail/normal_rng.hpp)
 
 template <class T>
 void resize(std::vector<T>& v, std::size_t n) {

@@ -1,6 +1,7 @@
 // The cpu path against the fp64 reference, the non-finite guard, the kernels' determinism and
 // the path/option plumbing. GPU paths: adamw_gpu_test.cu.
 #include "optimizer/adamw.hpp"
+#include "tier/topology.hpp"
 
 #include <gtest/gtest.h>
 
@@ -214,7 +215,9 @@ TEST(AdamWOptions, StepPhasesAreChecked) {
   EXPECT_EQ(opt.num_chunks(0), 1u);
   EXPECT_EQ(opt.link_mode(0), LinkMode::zero_copy);  // not a gpu_link region
   EXPECT_EQ(to_string(LinkMode::dma), "dma");
-  EXPECT_EQ(link_mode_from_config(), LinkMode::zero_copy);  // the default, auto
+  // The default, auto: in place over a coherent C2C link, through the copy engines otherwise.
+  EXPECT_EQ(link_mode_from_config(),
+            tier::topology().link == LinkKind::c2c ? LinkMode::zero_copy : LinkMode::dma);
   if (!detail::gpu_available()) {
     EXPECT_EQ(opt.region_event(0), nullptr);  // no GPU events on the host path
   }

@@ -7,6 +7,8 @@
 #include <fstream>
 
 #include "tier/error.hpp"
+#include <unistd.h>
+
 #include "trainer/model_config_toml.hpp"
 
 namespace ght::trainer {
@@ -16,8 +18,8 @@ class TomlFile {
  public:
   explicit TomlFile(const std::string& text) {
     path_ = (std::filesystem::temp_directory_path() /
-             ("ght_model_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
-              std::to_string(counter_++) + ".toml"))
+             // The pid keeps parallel ctest processes (one per test) from sharing a file.
+             ("ght_model_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++) + ".toml"))
                 .string();
     std::ofstream(path_) << text;
   }

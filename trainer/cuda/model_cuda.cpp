@@ -1,6 +1,7 @@
 // The CUDA backend of the MoE model (see model_cuda.hpp). Host code only: every op is a launcher
 // from kernels/cuda, so this file is plain C++ (OpenMP for the host-side conversions).
 #include "trainer/cuda/model_cuda.hpp"
+#include "trainer/detail/normal_rng.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -78,42 +79,11 @@ namespace {
 // (j odd) half of pair j/2, built from draws 2·(j/2) and 2·(j/2)+1, unless an earlier pair
 // rejected a zero uniform (probability 2^-53 per pair), which shifts every later draw; that case
 // is detected and finished with the sequential generator.
-constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
-
-std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-double uniform_of(std::uint64_t u) { return static_cast<double>(u >> 11) * 0x1.0p-53; }
-
-// The sequential generator, bit for bit model.cpp's NormalRng, startable at any draw count.
-class SeqNormal {
- public:
-  SeqNormal(std::uint64_t seed, std::uint64_t draws, bool has_spare, double spare)
-      : s_(seed + draws * kGolden), spare_(spare), has_spare_(has_spare) {}
-  double next() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    double u1 = 0;
-    do {
-      u1 = uniform();
-    } while (u1 <= 0.0);
-    const double u2 = uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1)), a = 2.0 * std::numbers::pi * u2;
-    spare_ = r * std::sin(a);
-    has_spare_ = true;
-    return r * std::cos(a);
-  }
-
- private:
-  double uniform() { return uniform_of(mix64(s_ += kGolden)); }
-  std::uint64_t s_;
-  double spare_ = 0;
-  bool has_spare_ = false;
-};
+using detail::kGolden;
+using detail::mix64;
+using detail::uniform_of;
+// The sequential generator: model.cpp's, startable at any draw count.
+using SeqNormal = detail::NormalRng;
 
 // Fills out[i] = float(0.02·sample(first + i)); false when a rejection occurred in the range.
 bool counter_normals(std::uint64_t seed, std::uint64_t first, float* out, std::size_t n) {
