@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 #include "trainer/file_io.hpp"
 
@@ -21,17 +22,9 @@ using namespace ght::trainer;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "ght_ckpt_test_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  [[nodiscard]] std::string str() const { return path.string(); }
+// One directory per test, removed on scope exit.
+struct TempDir : ght::test::TempDir {
+  TempDir() : ght::test::TempDir("ght_ckpt_test") {}
 };
 
 std::vector<CheckpointTensor> tensors(std::uint32_t seed, float scale) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 #include "trainer/tokenizer.hpp"
 
@@ -23,17 +24,12 @@ using namespace ght::trainer;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "ght_data_test_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  [[nodiscard]] std::string operator/(const std::string& name) const { return (path / name).string(); }
+using ght::test::read_bytes;
+using ght::test::write_bytes;
+
+// One directory per test, removed on scope exit.
+struct TempDir : ght::test::TempDir {
+  TempDir() : ght::test::TempDir("ght_data_test") {}
 };
 
 std::vector<std::uint32_t> random_tokens(std::size_t n, std::uint32_t vocab, std::uint32_t seed) {
@@ -41,16 +37,6 @@ std::vector<std::uint32_t> random_tokens(std::size_t n, std::uint32_t vocab, std
   std::vector<std::uint32_t> t(n);
   for (auto& x : t) x = rng() % vocab;
   return t;
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::int32_t header_int(const std::string& bytes, int i) {

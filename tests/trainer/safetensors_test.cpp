@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 
 namespace fs = std::filesystem;
@@ -23,28 +24,13 @@ using namespace ght::trainer;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string t = (fs::temp_directory_path() / "ght_st_test_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  [[nodiscard]] std::string operator/(const std::string& name) const { return (path / name).string(); }
+using ght::test::read_bytes;
+using ght::test::write_bytes;
+
+// One directory per test, removed on scope exit.
+struct TempDir : ght::test::TempDir {
+  TempDir() : ght::test::TempDir("ght_st_test") {}
 };
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 std::vector<float> randn(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
