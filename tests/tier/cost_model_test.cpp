@@ -6,24 +6,13 @@
 #include <limits>
 
 #include "tier/cost_model.hpp"
+#include "tier/link_fixtures.hpp"
 
 namespace ght::tier {
 namespace {
 
-LinkNumbers pcie_numbers() {
-  LinkNumbers l;
-  l.name = "pcie-test";
-  l.source = "test";
-  l.kind = LinkKind::pcie;
-  l.h2d_bps = 55.4e9;
-  l.d2h_bps = 55.3e9;
-  l.bidir_bps = 99.8e9;
-  l.kernel_read_bps = 51.3e9;
-  l.kernel_write_bps = 52.6e9;
-  l.host_triad_bps = 111e9;
-  l.hbm_bps = 4.43e12;
-  return l;
-}
+using test::gh200_numbers;
+using test::pcie_numbers;
 
 TEST(CostModel, OptimizerPredictionCountsTwelveBytesEachWay) {
   const LinkNumbers l = pcie_numbers();

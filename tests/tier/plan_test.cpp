@@ -12,6 +12,7 @@
 #include <set>
 
 #include "tier/config.hpp"
+#include "tier/link_fixtures.hpp"
 #include "tier/cost_model.hpp"
 #include "tier/place_rules.hpp"
 #include "tier/plan.hpp"
@@ -20,38 +21,11 @@
 namespace ght::tier {
 namespace {
 
+using test::gh200_numbers;
+using test::pcie_numbers;
+
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t GiB = 1ULL << 30;
-
-LinkNumbers gh200_numbers() {
-  LinkNumbers l;
-  l.name = "gh200-test";
-  l.source = "test";
-  l.kind = LinkKind::c2c;
-  l.h2d_bps = 375e9;
-  l.d2h_bps = 297e9;
-  l.bidir_bps = 600e9;
-  l.kernel_read_bps = 342e9;
-  l.kernel_write_bps = 297e9;
-  l.host_triad_bps = 486e9;
-  l.hbm_bps = 3.4e12;
-  return l;
-}
-
-LinkNumbers pcie_numbers() {
-  LinkNumbers l;
-  l.name = "pcie-test";
-  l.source = "test";
-  l.kind = LinkKind::pcie;
-  l.h2d_bps = 55.4e9;
-  l.d2h_bps = 55.3e9;
-  l.bidir_bps = 99.8e9;
-  l.kernel_read_bps = 51.3e9;
-  l.kernel_write_bps = 52.6e9;
-  l.host_triad_bps = 111e9;
-  l.hbm_bps = 4.43e12;
-  return l;
-}
 
 // ---- random region sets ------------------------------------------------------------------------
 
