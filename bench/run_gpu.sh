@@ -69,6 +69,7 @@ if want interop; then
   [ -f tests/interop/check_hf_gpu.py ] && run_stage interop-gpu python3 tests/interop/check_hf_gpu.py --ght "$ght" --work build-gpu/interop-gpu
 fi
 if want bench-alloc; then
+  grep -E '^(MemTotal|MemFree|MemAvailable|Cached|Shmem|Mlocked):' /proc/meminfo
   [ -x build-gpu/bin/alloc_bench ] && run_stage bench-alloc build-gpu/bin/alloc_bench --ght_json="$res/bench_alloc.json"
 fi
 if want bench-opt; then

@@ -9,6 +9,8 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "alloc/resource.hpp"
@@ -24,9 +26,19 @@
 #define GHT_POISON(p, n) ((void)(p), (void)(n))
 #define GHT_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
+#include "tier/detail/topology_detail.hpp"
 #include "tier/error.hpp"
 
 namespace ght::alloc::detail {
+
+namespace {
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
 
 bool numa_node_usable(int node) noexcept {
   if (node < 0 || numa_available() < 0 || node > numa_max_node()) return false;
@@ -37,11 +49,26 @@ bool numa_node_usable(int node) noexcept {
 }
 
 std::uint64_t numa_node_free_bytes(int node) noexcept {
-  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
-    long long free_bytes = 0;
-    if (numa_node_size64(node, &free_bytes) > 0 && free_bytes >= 0) {
-      return static_cast<std::uint64_t>(free_bytes);
+  try {
+    if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
+      const std::string text =
+          read_text_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
+      const std::string pre = "Node " + std::to_string(node) + " ";
+      const std::uint64_t free_b = tier::detail::meminfo_bytes(text, pre + "MemFree");
+      if (free_b > 0) {
+        const std::uint64_t file = tier::detail::meminfo_bytes(text, pre + "Active(file)") +
+                                   tier::detail::meminfo_bytes(text, pre + "Inactive(file)");
+        const std::uint64_t dirty = tier::detail::meminfo_bytes(text, pre + "Dirty");
+        return free_b + (file > dirty ? file - dirty : 0);
+      }
+      long long free_bytes = 0;
+      if (numa_node_size64(node, &free_bytes) > 0 && free_bytes >= 0) {
+        return static_cast<std::uint64_t>(free_bytes);
+      }
     }
+    const std::uint64_t avail = tier::detail::meminfo_bytes(read_text_file("/proc/meminfo"), "MemAvailable");
+    if (avail > 0) return avail;
+  } catch (...) {  // out of memory while reading: fall back to the free-page count
   }
   const long pages = sysconf(_SC_AVPHYS_PAGES);
   const long page = sysconf(_SC_PAGESIZE);

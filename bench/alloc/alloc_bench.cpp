@@ -208,7 +208,8 @@ class Collector : public benchmark::ConsoleReporter {
       res.ns = r.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(r.time_unit) * 1e9;
       res.iterations = r.iterations;
       for (const auto& [k, c] : r.counters) res.counters[k] = c.value;
-      results[r.benchmark_name()] = res;
+      // The registered name: benchmark_name() appends "/iterations:N/manual_time" and the like.
+      results[r.run_name.function_name] = res;
     }
   }
   std::map<std::string, Result> results;
@@ -264,7 +265,7 @@ int main(int argc, char** argv) {
     const std::uint64_t free_b = ght::alloc::detail::numa_node_free_bytes(host_node());
     for (std::size_t b : {1 * GiB, 8 * GiB, 32 * GiB}) {
       if (free_b != UINT64_MAX && b > free_b / 4 * 3) {
-        std::printf("skipping pinned %s: %.1f GiB free\n", size_name(b).c_str(),
+        std::printf("skipping pinned %s: %.1f GiB available on the host node\n", size_name(b).c_str(),
                     static_cast<double>(free_b) / GiB);
         continue;
       }

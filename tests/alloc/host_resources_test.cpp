@@ -2,6 +2,7 @@
 // alignment, registration and device pointers; and the CUDA resources' error without CUDA.
 #include <algorithm>
 #include <gtest/gtest.h>
+#include <numa.h>
 #include <numaif.h>
 #include <sys/mman.h>
 
@@ -39,6 +40,23 @@ TEST(HostMemory, MappedLength) {
   EXPECT_EQ(hd::touch_threads_for(1 << 20, 16), 1);
   EXPECT_EQ(hd::touch_threads_for(std::size_t{1} << 30, 16), 16);
   EXPECT_EQ(hd::touch_threads_for(std::size_t{1} << 30, 4), 4);
+}
+
+TEST(HostMemory, FreeBytesCountsReclaimablePageCache) {
+  // Page cache that the kernel can drop counts as free: at least the node's free pages, at most
+  // its size.
+  const int node = test_node();
+  const std::uint64_t avail = hd::numa_node_free_bytes(node);
+  ASSERT_NE(avail, UINT64_MAX);
+  if (node >= 0) {
+    long long free_pages = 0;
+    const long long total = numa_node_size64(node, &free_pages);
+    // Allow for pages freed or taken by other processes between the two readings.
+    EXPECT_GE(avail + (std::uint64_t{64} << 20), static_cast<std::uint64_t>(free_pages));
+    EXPECT_LE(avail, static_cast<std::uint64_t>(total));
+  } else {
+    EXPECT_GT(avail, 0u);
+  }
 }
 
 TEST(HostMemory, TouchPagesInParallel) {
