@@ -43,7 +43,8 @@ fi
 
 # ---- 1. learning check ---------------------------------------------------------------------
 note "small on the GPU, 300 steps, state on the host"
-run_logged train_small_gpu 240 "$GHT" train --config configs/small.toml --out "$RUNS/small-gpu" --backend cuda
+run_logged train_small_gpu 240 "$GHT" train --config configs/small.toml --out "$RUNS/small-gpu" --backend cuda \
+  --profile-steps 20
 cp "$RUNS/small-gpu/profile.json" "$RES/train_small_gpu_profile.json" 2>/dev/null
 
 note "small on the CPU backend, first 20 steps (same seed, data and schedule)"
@@ -82,12 +83,12 @@ fi
 
 note "bench-h200: master/m/v in host memory (mapped pinned), updated over PCIe by the GPU"
 GHT_SAVE_CHECKPOINTS=off run_logged train_bench_host 300 "$GHT" train --config configs/bench-h200.toml \
-  --out "$RUNS/bench-host" --backend cuda
+  --out "$RUNS/bench-host" --backend cuda --profile-steps 100
 cp "$RUNS/bench-host/profile.json" "$RES/train_bench_host_profile.json" 2>/dev/null
 
 note "bench-h200: everything in HBM (GHT_OPTIMIZER=device)"
 GHT_OPTIMIZER=device GHT_SAVE_CHECKPOINTS=off run_logged train_bench_hbm 300 "$GHT" train \
-  --config configs/bench-h200.toml --out "$RUNS/bench-hbm" --backend cuda
+  --config configs/bench-h200.toml --out "$RUNS/bench-hbm" --backend cuda --profile-steps 100
 cp "$RUNS/bench-hbm/profile.json" "$RES/train_bench_hbm_profile.json" 2>/dev/null
 
 # ---- report --------------------------------------------------------------------------------

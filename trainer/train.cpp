@@ -158,6 +158,10 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
     throw ght::logic_error("train.backend=cuda: this build has no CUDA (nvcc was not found at configure time)");
 #endif
   }
+  if (run.profile_steps > 0) {
+    say("note: --profile-steps applies to the cuda backend; the cpu backend logs each step's time and "
+        "tokens/s to log.jsonl only");
+  }
   summary.backend = "cpu";
   if (cfg.threads > 0) omp_set_num_threads(cfg.threads);
 

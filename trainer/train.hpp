@@ -21,6 +21,10 @@ struct TrainRunOptions {
   std::string resume;                ///< "": fresh start; "auto": newest good checkpoint in out; else a checkpoint dir
   std::optional<std::int64_t> stop_at;  ///< stop (with a checkpoint) after this step, schedule unchanged
   bool quiet = false;                ///< no console output (tests)
+  /// cuda backend: write the per-step breakdown (forward, backward, exposed optimizer, link GB)
+  /// of this run's first N steps to <out>/profile.json, rewritten after each of them; 0 = off.
+  /// Every step's breakdown also goes to log.jsonl as a "profile" record either way.
+  std::int64_t profile_steps = 0;
 };
 
 struct TrainSummary {

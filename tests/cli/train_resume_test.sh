@@ -33,3 +33,11 @@ PY
 grep -q "resumed from .*ckpt_00000010 at step 10" "$work/fallback.log" || { cat "$work/fallback.log"; fail "did not fall back to step 10"; }
 grep -qi "ckpt_00000020" "$work/fallback.log" || { cat "$work/fallback.log"; fail "no warning naming the corrupt checkpoint"; }
 echo "corrupt newest checkpoint skipped with a warning; resumed from step 10"
+
+# A negative --profile-steps is refused before anything runs, naming the option.
+if "$ght" train "${small_args[@]}" --data "$work/data" --out "$work/bad" --profile-steps -3 >/dev/null 2>"$work/err.txt"; then
+  fail "--profile-steps -3 accepted"
+fi
+grep -q -- "--profile-steps" "$work/err.txt" || { cat "$work/err.txt"; fail "error does not name --profile-steps"; }
+[ ! -e "$work/bad" ] || fail "a refused run created its run directory"
+echo "negative --profile-steps refused"

@@ -463,11 +463,24 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
   (void)train(cpu_cfg, quiet);
   TrainConfig gpu_cfg = small_run_config(tmp.str("data"), tmp.str("gpu"));
   gpu_cfg.backend = "cuda";
-  const TrainSummary sg = train_cuda(gpu_cfg, quiet);
+  TrainRunOptions profiled = quiet;
+  profiled.profile_steps = 4;  // of 6: the file holds exactly the first 4
+  const TrainSummary sg = train_cuda(gpu_cfg, profiled);
   EXPECT_EQ(sg.backend, "cuda");
   EXPECT_EQ(sg.last_step, 6);
   EXPECT_FALSE(sg.last_checkpoint.empty());
-  EXPECT_TRUE(std::filesystem::exists(tmp.str("gpu/profile.json")));
+  {
+    std::ifstream pf(tmp.str("gpu/profile.json"));
+    ASSERT_TRUE(pf.good()) << "--profile-steps 4 wrote no profile.json";
+    const auto pj = nlohmann::json::parse(pf);
+    ASSERT_EQ(pj.at("steps").size(), 4u);
+    EXPECT_EQ(pj.at("steps")[0].at("step"), 1);
+    EXPECT_EQ(pj.at("steps")[3].at("step"), 4);
+    for (const auto& st : pj.at("steps")) {
+      EXPECT_GT(st.at("forward_ms").get<double>(), 0.0);
+      EXPECT_GT(st.at("backward_ms").get<double>(), 0.0);
+    }
+  }
 
   const RunLog lc = read_log(tmp.str("cpu")), lg = read_log(tmp.str("gpu"));
   ASSERT_EQ(lg.loss.size(), 6u);

@@ -13,6 +13,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string resume;
   std::int64_t stop_at = -1;
+  std::int64_t profile_steps = 0;
   // Shorthands for the most used overrides.
   std::string data, out, backend;
   std::int64_t steps = -1;
@@ -33,6 +34,16 @@ void setup(CLI::App& app) {
   c->add_option("--backend", args->backend, "auto | cpu | cuda (train.backend)");
   c->add_option("--resume", args->resume, "auto (newest good checkpoint in the run directory) or a checkpoint directory");
   c->add_option("--stop-at", args->stop_at, "Stop after this step with a checkpoint; the schedule still spans --steps");
+  c->add_option("--profile-steps", args->profile_steps,
+                "cuda backend: write the forward/backward/exposed-optimizer/link breakdown of the first N "
+                "steps to <out>/profile.json (0: off)")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a step count, 0 or more (got " + v + ")";
+          },
+          "N"));
   c->add_flag("--print-config", args->print_config, "Print the resolved configuration as JSON and exit");
   c->callback([args] {
     std::vector<std::string> ov = args->overrides;
@@ -54,6 +65,7 @@ void setup(CLI::App& app) {
     ght::trainer::TrainRunOptions run;
     run.resume = args->resume;
     if (args->stop_at >= 0) run.stop_at = args->stop_at;
+    run.profile_steps = args->profile_steps;
     const auto s = ght::trainer::train(cfg, run);
     std::cout << "done: steps " << s.first_step << " -> " << s.last_step << ", last loss " << s.last_loss;
     if (s.eval_loss) std::cout << ", eval loss " << *s.eval_loss << " nats/token";

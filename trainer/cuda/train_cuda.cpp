@@ -248,7 +248,9 @@ class CudaRun {
   void step_once();
   double evaluate();
   void save_ckpt(std::int64_t s);
-  void write_profile() const;
+  /// Write <out>/profile.json from profile_ if it holds steps not yet written.
+  void write_profile();
+  std::size_t profile_written_ = 0;
   std::string stats_report() const;
   void before_unit_forward(int u);
   void after_unit_backward(int u);
@@ -616,7 +618,10 @@ void CudaRun::step_once() {
   p.mfu = mc.flops_per_token() * tokens / dt / kPeakFlops;
   p.h2d_gb = sr.taken ? link_h2d_per_step_ / 1e9 : 0;
   p.d2h_gb = sr.taken ? link_d2h_per_step_ / 1e9 : 0;
-  profile_.push_back(p);
+  if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
+    profile_.push_back(p);
+    if (static_cast<std::int64_t>(profile_.size()) == run_.profile_steps) write_profile();
+  }
   prev_ = cur_;
   extra_work_since_last_step_ = false;
 
@@ -700,7 +705,9 @@ void CudaRun::save_ckpt(std::int64_t s) {
   prune(cfg_.out, cfg_.keep);
 }
 
-void CudaRun::write_profile() const {
+void CudaRun::write_profile() {
+  if (profile_.size() == profile_written_) return;
+  profile_written_ = profile_.size();
   nlohmann::ordered_json j;
   const ModelConfig& mc = cfg_.model;
   j["formula"] = mfu_formula_;
@@ -810,21 +817,23 @@ TrainSummary CudaRun::go() {
     train_loop();
   } catch (const ght::out_of_memory& e) {
     uninstall_stop_handlers();
-    if (!profile_.empty()) write_profile();
+    write_profile();
     throw ght::out_of_memory(std::string("train (cuda): out of memory at step ") + std::to_string(step_ + 1) +
                              ": " + e.what() + "; " + stats_report() + "; last good checkpoint: " +
                              (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
   } catch (const ght::cuda_error& e) {
     uninstall_stop_handlers();
-    if (!profile_.empty()) write_profile();
+    write_profile();
     throw ght::cuda_error(std::string("train (cuda): CUDA error at step ") + std::to_string(step_ + 1) + ": " +
                           e.what() + "; " + stats_report() + "; last good checkpoint: " +
                           (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
   }
-  write_profile();
+  write_profile();  // a run that ended (or was stopped) before N steps
   summary_.last_step = step_;
   if (!summary_.last_checkpoint.empty()) say("checkpoint: " + summary_.last_checkpoint);
-  say("profile: " + (fs::path(cfg_.out) / "profile.json").string());
+  if (!profile_.empty()) {
+    say("profile (" + std::to_string(profile_.size()) + " steps): " + (fs::path(cfg_.out) / "profile.json").string());
+  }
   return summary_;
 }
 
