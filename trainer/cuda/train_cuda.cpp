@@ -343,6 +343,14 @@ void CudaRun::setup() {
   // Streamed gradients are bf16 per micro-batch (half the D2H bytes); HBM accumulation is fp32.
   mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : optimizer::GradType::fp32;
   mo.recompute = recompute_;
+  const std::string att = config::cfg().get_string(config::Key::GHT_ATTENTION);
+  mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
+                      : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
+                                          : kernels::cuda::AttentionImpl::automatic;
+  const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
+  mo.expert_impl = gemm == "cublas_grouped" ? kernels::cuda::GroupedGemmImpl::cublas_grouped
+                   : gemm == "custom"       ? kernels::cuda::GroupedGemmImpl::custom
+                                            : kernels::cuda::GroupedGemmImpl::cublaslt_loop;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
   for (int u = 0; u < U; ++u) unit_range_.push_back(model_->unit_range(u));
@@ -425,7 +433,9 @@ void CudaRun::setup() {
   const auto mem = model_->memory();
   say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
       std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
-      " tokens/step, backend cuda on " + prop.name);
+      " tokens/step, backend cuda on " + prop.name + "; attention " +
+      std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
+      std::string(kernels::cuda::to_string(model_->options().expert_impl)));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
       (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_->bytes()) + " fp32 host accumulator)"
                      : " (fp32, accumulated in HBM)") +
