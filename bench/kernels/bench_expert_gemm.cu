@@ -136,7 +136,8 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
   };
   const kc::GroupedGemmImpl impls[] = {kc::GroupedGemmImpl::cublaslt_loop,
                                        kc::GroupedGemmImpl::cublas_grouped,
-                                       kc::GroupedGemmImpl::custom};
+                                       kc::GroupedGemmImpl::custom,
+                                       kc::GroupedGemmImpl::cublaslt_streams};
 
   auto dense = [&](std::int64_t m, std::int64_t n, std::int64_t k, bool tb, kc::DType ct) {
     // The same FLOPs as one dense GEMM: rows R stacked, one weight.

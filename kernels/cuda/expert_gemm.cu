@@ -5,6 +5,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -352,6 +353,65 @@ unsigned grid_dim(std::int64_t v, const char* what) {
   return static_cast<unsigned>(v);
 }
 
+
+// ---- side streams for cublaslt_streams --------------------------------------------------------
+
+/// kExpertStreams non-blocking streams and their join events, for one host thread and device.
+/// Per thread, so that two threads' fork/join event pairs never interleave.
+struct SideStreams {
+  int device = -1;
+  cudaEvent_t fork = nullptr;
+  std::array<cudaStream_t, kExpertStreams> streams{};
+  std::array<cudaEvent_t, kExpertStreams> joined{};
+
+  void release() noexcept {  // errors ignored: may run while the CUDA runtime shuts down
+    if (device < 0) return;
+    for (int i = 0; i < kExpertStreams; ++i) {
+      if (streams[static_cast<std::size_t>(i)] != nullptr) (void)cudaStreamDestroy(streams[static_cast<std::size_t>(i)]);
+      if (joined[static_cast<std::size_t>(i)] != nullptr) (void)cudaEventDestroy(joined[static_cast<std::size_t>(i)]);
+    }
+    if (fork != nullptr) (void)cudaEventDestroy(fork);
+    *this = SideStreams{};
+  }
+  ~SideStreams() { release(); }
+};
+
+SideStreams& side_streams() {
+  thread_local SideStreams ss;
+  int dev = 0;
+  GHT_CUDA_TRY(cudaGetDevice(&dev));
+  if (ss.device != dev) {
+    ss.release();
+    ss.device = dev;
+    GHT_CUDA_TRY(cudaEventCreateWithFlags(&ss.fork, cudaEventDisableTiming));
+    for (std::size_t i = 0; i < ss.streams.size(); ++i) {
+      GHT_CUDA_TRY(cudaStreamCreateWithFlags(&ss.streams[i], cudaStreamNonBlocking));
+      GHT_CUDA_TRY(cudaEventCreateWithFlags(&ss.joined[i], cudaEventDisableTiming));
+    }
+  }
+  return ss;
+}
+
+/// Call run(e, s) for each group e in `groups`, on `stream` itself (spread = false) or round-robin
+/// over the side streams, forked after the work already queued on `stream` and joined back into
+/// it before returning, so callers see one stream-ordered operation either way.
+template <class Run>
+void for_each_group(const std::vector<int>& groups, bool spread, cudaStream_t stream, Run&& run) {
+  if (!spread || groups.size() < 2) {
+    for (int e : groups) run(e, stream);
+    return;
+  }
+  SideStreams& ss = side_streams();
+  const std::size_t k = std::min<std::size_t>(groups.size(), ss.streams.size());
+  GHT_CUDA_TRY(cudaEventRecord(ss.fork, stream));
+  for (std::size_t i = 0; i < k; ++i) GHT_CUDA_TRY(cudaStreamWaitEvent(ss.streams[i], ss.fork, 0));
+  for (std::size_t i = 0; i < groups.size(); ++i) run(groups[i], ss.streams[i % k]);
+  for (std::size_t i = 0; i < k; ++i) {
+    GHT_CUDA_TRY(cudaEventRecord(ss.joined[i], ss.streams[i]));
+    GHT_CUDA_TRY(cudaStreamWaitEvent(stream, ss.joined[i], 0));
+  }
+}
+
 }  // namespace
 
 std::string_view to_string(GroupedGemmImpl impl) noexcept {
@@ -359,6 +419,7 @@ std::string_view to_string(GroupedGemmImpl impl) noexcept {
     case GroupedGemmImpl::cublaslt_loop: return "cublaslt_loop";
     case GroupedGemmImpl::cublas_grouped: return "cublas_grouped";
     case GroupedGemmImpl::custom: return "custom";
+    case GroupedGemmImpl::cublaslt_streams: return "cublaslt_streams";
   }
   return "?";
 }
@@ -406,10 +467,13 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
   }
 
   const auto off = host_offsets(offsets, stream);
-  if (impl == GroupedGemmImpl::cublaslt_loop) {
+  if (impl == GroupedGemmImpl::cublaslt_loop || impl == GroupedGemmImpl::cublaslt_streams) {
+    std::vector<int> busy;
     for (int e = 0; e < E; ++e) {
+      if (off[e + 1] > off[e]) busy.push_back(e);
+    }
+    for_each_group(busy, impl == GroupedGemmImpl::cublaslt_streams, stream, [&](int e, cudaStream_t s) {
       const std::int64_t r0 = off[e], rows = off[e + 1] - off[e];
-      if (rows <= 0) continue;
       GemmArgs a;
       a.m = rows;
       a.n = g.n;
@@ -424,8 +488,8 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
       a.ldc = g.ldc;
       a.alpha = g.alpha;
       a.beta = g.beta;
-      gemm(a, stream);
-    }
+      gemm(a, s);
+    });
     return;
   }
   GHT_EXPECTS(impl == GroupedGemmImpl::cublas_grouped, "grouped_gemm: unknown implementation");
@@ -472,7 +536,7 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
   }
 
   const auto off = host_offsets(offsets, stream);
-  auto empty_group = [&](int e) {
+  auto empty_group = [&](int e, cudaStream_t s) {
     // No rows: C_e = beta·C_e (a no-op for the usual beta = 1). gemm() handles k = 0.
     if (g.beta == 1.0f) return;
     GemmArgs a;
@@ -483,14 +547,16 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
     a.c_type = g.c_type;
     a.ldc = g.ldc;
     a.beta = g.beta;
-    gemm(a, stream);
+    gemm(a, s);
   };
-  if (impl == GroupedGemmImpl::cublaslt_loop) {
-    for (int e = 0; e < E; ++e) {
+  if (impl == GroupedGemmImpl::cublaslt_loop || impl == GroupedGemmImpl::cublaslt_streams) {
+    std::vector<int> all(static_cast<std::size_t>(E));
+    for (int e = 0; e < E; ++e) all[static_cast<std::size_t>(e)] = e;
+    for_each_group(all, impl == GroupedGemmImpl::cublaslt_streams, stream, [&](int e, cudaStream_t s) {
       const std::int64_t r0 = off[e], rows = off[e + 1] - off[e];
       if (rows <= 0) {
-        empty_group(e);
-        continue;
+        empty_group(e, s);
+        return;
       }
       GemmArgs a;
       a.m = g.m;
@@ -506,8 +572,8 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
       a.ldc = g.ldc;
       a.alpha = g.alpha;
       a.beta = g.beta;
-      gemm(a, stream);
-    }
+      gemm(a, s);
+    });
     return;
   }
   GHT_EXPECTS(impl == GroupedGemmImpl::cublas_grouped, "grouped_gemm: unknown implementation");
@@ -518,7 +584,7 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
   for (int e = 0; e < E; ++e) {
     const std::int64_t r0 = off[e], rows = off[e + 1] - off[e];
     if (rows <= 0) {
-      empty_group(e);
+      empty_group(e, stream);
       continue;
     }
     // Row-major C_e(m, n) = A_e^T·B_e with A_e (rows, m), B_e (rows, n) is column-major

@@ -15,6 +15,11 @@
  *   cublaslt_loop   one cuBLASLt GEMM per non-empty expert. Needs the offsets on the HOST: when
  *                   only device offsets are given, they are copied down, which SYNCHRONISES the
  *                   stream once per call. Supports every output type.
+ *   cublaslt_streams the same per-expert GEMMs, spread round-robin over kExpertStreams side
+ *                   streams forked from (and joined back into) the caller's stream with events.
+ *                   An expert of a few hundred rows gives one GEMM only tens of tiles, a third
+ *                   of an H100/H200's 132 SMs; several in flight fill the GPU. Each side stream
+ *                   has its own cuBLASLt workspace. Side streams are per host thread and device.
  *   cublas_grouped  cublasGemmGroupedBatchedEx (cuBLAS >= 12.5): one call for all experts, but
  *                   its per-group sizes are host arrays too (same sync). Its bf16 inputs need a
  *                   bf16 output (cuBLAS supports no bf16 -> fp32 grouped GEMM), so fp32 C throws.
@@ -38,7 +43,15 @@
 
 namespace ght::kernels::cuda {
 
-enum class GroupedGemmImpl : int { cublaslt_loop = 0, cublas_grouped = 1, custom = 2 };
+enum class GroupedGemmImpl : int { cublaslt_loop = 0, cublas_grouped = 1, custom = 2, cublaslt_streams = 3 };
+
+/// Side streams of GroupedGemmImpl::cublaslt_streams.
+inline constexpr int kExpertStreams = 4;
+
+/// True for the implementations that need the group offsets on the host.
+[[nodiscard]] constexpr bool needs_host_offsets(GroupedGemmImpl impl) noexcept {
+  return impl != GroupedGemmImpl::custom;
+}
 
 [[nodiscard]] std::string_view to_string(GroupedGemmImpl impl) noexcept;
 

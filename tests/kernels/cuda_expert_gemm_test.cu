@@ -23,7 +23,8 @@ namespace cpu = ght::kernels::cpu;
 
 const kc::GroupedGemmImpl kImpls[] = {kc::GroupedGemmImpl::cublaslt_loop,
                                       kc::GroupedGemmImpl::cublas_grouped,
-                                      kc::GroupedGemmImpl::custom};
+                                      kc::GroupedGemmImpl::custom,
+                                      kc::GroupedGemmImpl::cublaslt_streams};
 
 // Uneven groups: empty ones, one row, partial and several 128-row tiles.
 const std::vector<std::int32_t> kCounts = {0, 37, 130, 1, 0, 200, 9};

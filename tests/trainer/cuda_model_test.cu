@@ -327,6 +327,11 @@ TEST(CudaModel, VariantsAgree) {
   }
   {
     CudaModelOptions o;
+    o.expert_impl = kernels::cuda::GroupedGemmImpl::cublaslt_streams;
+    check("per-expert GEMMs on side streams", grads_of(o, true, &l), l, 1e-3);
+  }
+  {
+    CudaModelOptions o;
     o.grad_type = optimizer::GradType::bf16;
     check("bf16 gradients", grads_of(o, true, &l), l, 1e-2);
   }

@@ -592,7 +592,7 @@ struct CudaMoEModel::Impl {
     op("permutation plan", l);
     kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
                          static_cast<int>(E), stream);
-    if (opts.expert_impl != kc::GroupedGemmImpl::custom) {
+    if (kc::needs_host_offsets(opts.expert_impl)) {
       op("expert offsets download", l);
       a.host_offsets = kc::download_offsets(a.offsets, static_cast<int>(E), stream);
     } else {

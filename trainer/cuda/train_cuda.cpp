@@ -348,9 +348,10 @@ void CudaRun::setup() {
                       : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
                                           : kernels::cuda::AttentionImpl::automatic;
   const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
-  mo.expert_impl = gemm == "cublas_grouped" ? kernels::cuda::GroupedGemmImpl::cublas_grouped
-                   : gemm == "custom"       ? kernels::cuda::GroupedGemmImpl::custom
-                                            : kernels::cuda::GroupedGemmImpl::cublaslt_loop;
+  mo.expert_impl = gemm == "cublas_grouped"     ? kernels::cuda::GroupedGemmImpl::cublas_grouped
+                   : gemm == "custom"           ? kernels::cuda::GroupedGemmImpl::custom
+                   : gemm == "cublaslt_streams" ? kernels::cuda::GroupedGemmImpl::cublaslt_streams
+                                                : kernels::cuda::GroupedGemmImpl::cublaslt_loop;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
   for (int u = 0; u < U; ++u) unit_range_.push_back(model_->unit_range(u));
