@@ -478,6 +478,9 @@ struct AdamW::Impl {
     }
 #ifdef GHT_HAVE_CUDA
     GHT_CUDA_TRY(cudaMemcpy(b.device, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    // From pageable memory the copy may still be in flight on the legacy stream, which the
+    // optimizer's non-blocking streams do not wait for.
+    GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));
 #endif
   }
 
@@ -499,6 +502,7 @@ struct AdamW::Impl {
     }
 #ifdef GHT_HAVE_CUDA
     GHT_CUDA_TRY(cudaMemset(b.device, 0, n * sizeof(float)));
+    GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // see copy_in
 #endif
   }
 

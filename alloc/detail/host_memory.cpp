@@ -50,7 +50,10 @@ bool numa_node_usable(int node) noexcept {
 
 std::uint64_t numa_node_free_bytes(int node) noexcept {
   try {
-    if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
+    // One node: the system's MemAvailable. In VMs with hot-plugged memory the node's own meminfo
+    // can list a fraction of the machine (the H200 VM: 21 GiB of 126 GiB), as tier/topology notes.
+    const bool one_node = numa_available() < 0 || numa_max_node() == 0;
+    if (node >= 0 && !one_node && node <= numa_max_node()) {
       const std::string text =
           read_text_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
       const std::string pre = "Node " + std::to_string(node) + " ";

@@ -21,7 +21,8 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 /// Bytes of a NUMA node that an allocation can get: free pages plus the node's clean, reclaimable
 /// page cache (Active(file) + Inactive(file) - Dirty), as the kernel's MemAvailable counts them. A
 /// machine that just built a project or read a dataset has most of its memory in page cache,
-/// which MemFree alone would report as used. Whole machine when node < 0 or NUMA is unusable.
+/// which MemFree alone would report as used. Whole machine (MemAvailable) when node < 0, when
+/// there is one node, or when NUMA is unusable.
 [[nodiscard]] std::uint64_t numa_node_free_bytes(int node) noexcept;
 
 /// Length mapped for a request of `bytes`: page-rounded, 2 MiB-rounded from 4 MiB up so that

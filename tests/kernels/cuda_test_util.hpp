@@ -84,6 +84,7 @@ class DeviceBuffer {
   void upload(const std::vector<T>& host) {
     EXPECT_EQ(host.size(), n_);
     if (n_ > 0) GHT_CUDA_TRY(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    legacy_stream_done();
   }
   [[nodiscard]] std::vector<T> download() const {
     std::vector<T> host(n_);
@@ -93,11 +94,18 @@ class DeviceBuffer {
   /// Fill with a byte pattern, so unwritten outputs show up as garbage rather than zeros.
   void poison(int byte = 0x7f) {
     if (n_ > 0) GHT_CUDA_TRY(cudaMemset(p_, byte, n_ * sizeof(T)));
+    legacy_stream_done();
   }
   [[nodiscard]] T* get() const { return p_; }
   [[nodiscard]] std::size_t size() const { return n_; }
 
  private:
+  // cudaMemset, and cudaMemcpy from pageable memory, may return before the device has finished,
+  // and they run on the legacy default stream, which TestStream's non-blocking streams do not
+  // wait for: without this, a kernel could read the buffer before the upload lands, or write its
+  // output before the poison does (seen on the H200 with four GPU test processes at once).
+  static void legacy_stream_done() { GHT_CUDA_TRY(cudaStreamSynchronize(nullptr)); }
+
   T* p_ = nullptr;
   std::size_t n_ = 0;
 };

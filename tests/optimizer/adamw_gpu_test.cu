@@ -33,6 +33,7 @@ struct DeviceMem final : test::Mem {
   void release(void* p) override { (void)cudaFree(p); }
   void upload(void* dst, const void* src, std::size_t bytes) override {
     GHT_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // pageable copies may still be in flight
   }
   void download(void* dst, const void* src, std::size_t bytes) override {
     GHT_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));

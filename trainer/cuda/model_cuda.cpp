@@ -186,6 +186,7 @@ constexpr std::size_t kCopyChunk = std::size_t{1} << 25;  // elements
 struct CudaMoEModel::Impl {
   ModelConfig cfg;
   CudaModelOptions opts;
+  kc::AttentionImpl attention_ran = kc::AttentionImpl::automatic;  // what the last forward ran
   std::vector<NamedTensor> tensors;
   std::vector<LayerOff> lo;
   std::size_t embed = 0, final_norm = 0, head = 0, n = 0;
@@ -578,8 +579,8 @@ struct CudaMoEModel::Impl {
     kc::qk_norm_rope_forward(a.qk + HD, QK, a.k_rstd, a.qkv + HD, QKV, W + x.k_norm, pos, N,
                              static_cast<int>(KV), static_cast<int>(D), eps, cfg.rope_theta, stream);
     op("attention forward", l);
-    kc::attention_forward(a.att, a.lse, a.qk, a.qk + HD, a.qkv + QK, nullptr, att_shape(),
-                          opts.attention_impl, stream);
+    attention_ran = kc::attention_forward(a.att, a.lse, a.qk, a.qk + HD, a.qkv + QK, nullptr, att_shape(),
+                                          opts.attention_impl, stream);
     op("o_proj", l);
     gemm(N, d, HD, a.att, false, W + x.wo, true, tmp_d, kc::DType::bf16, 0.0f);
     op("residual add + post_attention_layernorm", l);
@@ -843,6 +844,7 @@ CudaMoEModel::~CudaMoEModel() = default;
 
 const ModelConfig& CudaMoEModel::config() const { return impl_->cfg; }
 const CudaModelOptions& CudaMoEModel::options() const { return impl_->opts; }
+kernels::cuda::AttentionImpl CudaMoEModel::attention_used() const { return impl_->attention_ran; }
 const std::vector<NamedTensor>& CudaMoEModel::tensors() const { return impl_->tensors; }
 std::size_t CudaMoEModel::num_params() const { return impl_->n; }
 cudaStream_t CudaMoEModel::stream() const { return impl_->stream; }

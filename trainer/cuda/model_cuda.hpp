@@ -50,9 +50,10 @@ namespace ght::trainer {
 
 struct CudaModelOptions {
   optimizer::GradType grad_type = optimizer::GradType::fp32;  ///< gradient buffer element type
-  /// Expert GEMM implementation. cublaslt_loop needs the expert offsets on the host: the model
+  /// Expert GEMM implementation (bench/results/2026-11-30-h200-expert-streams.md: the streams
+  /// variant is 19% faster than the serial loop on the bench-h200 shape). The cuBLASLt ones need the expert offsets on the host: the model
   /// downloads them once per layer per forward (one stream sync) and reuses them in backward.
-  kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::GroupedGemmImpl::cublaslt_loop;
+  kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::GroupedGemmImpl::cublaslt_streams;
   kernels::cuda::AttentionImpl attention_impl = kernels::cuda::AttentionImpl::automatic;
   /// Rows per LM-head/cross-entropy chunk; 0 = as many as fit a 256 MiB bf16 logits chunk.
   std::int64_t ce_chunk_rows = 0;
@@ -99,6 +100,8 @@ class CudaMoEModel {
 
   [[nodiscard]] const ModelConfig& config() const;
   [[nodiscard]] const CudaModelOptions& options() const;
+  /// The attention implementation the last forward ran (`automatic` before the first forward).
+  [[nodiscard]] kernels::cuda::AttentionImpl attention_used() const;
   [[nodiscard]] const std::vector<NamedTensor>& tensors() const;
   /// @throws ght::logic_error naming `name` when no such tensor exists
   [[nodiscard]] const NamedTensor& tensor(std::string_view name) const;

@@ -434,7 +434,7 @@ void CudaRun::setup() {
   const auto mem = model_->memory();
   say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
       std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
-      " tokens/step, backend cuda on " + prop.name + "; attention " +
+      " tokens/step, backend cuda on " + prop.name + "; attention requested " +
       std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
       std::string(kernels::cuda::to_string(model_->options().expert_impl)));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
@@ -629,6 +629,9 @@ void CudaRun::step_once() {
   p.mfu = mc.flops_per_token() * tokens / dt / kPeakFlops;
   p.h2d_gb = sr.taken ? link_h2d_per_step_ / 1e9 : 0;
   p.d2h_gb = sr.taken ? link_d2h_per_step_ / 1e9 : 0;
+  if (step_ == summary_.first_step + 1) {
+    log_->print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
+  }
   if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
     profile_.push_back(p);
     if (static_cast<std::int64_t>(profile_.size()) == run_.profile_steps) write_profile();
