@@ -98,20 +98,32 @@ EOF
     --val-fraction 0.1 --overwrite --quiet || fail=1
 fi
 
-note "bench-h200: master/m/v in host memory (mapped pinned), updated over PCIe by the GPU"
-GHT_SAVE_CHECKPOINTS=off run_logged train_bench_host 300 "$GHT" train --config configs/bench-h200.toml \
-  --out "$RUNS/bench-host" --backend cuda --profile-steps 100
-cp "$RUNS/bench-host/profile.json" "$RES/train_bench_host_profile.json" 2>/dev/null
-
-note "bench-h200: everything in HBM (GHT_OPTIMIZER=device)"
-GHT_OPTIMIZER=device GHT_SAVE_CHECKPOINTS=off run_logged train_bench_hbm 300 "$GHT" train \
-  --config configs/bench-h200.toml --out "$RUNS/bench-hbm" --backend cuda --profile-steps 100
-cp "$RUNS/bench-hbm/profile.json" "$RES/train_bench_hbm_profile.json" 2>/dev/null
-
-note "bench-h200: state on the host, 16 micro-batches per step (4x the tokens per PCIe update)"
-GHT_SAVE_CHECKPOINTS=off run_logged train_bench_host_ga16 300 "$GHT" train --config configs/bench-h200.toml \
-  --out "$RUNS/bench-host-ga16" --backend cuda --profile-steps 100 -o model.grad_accum=16 -o train.steps=4
-cp "$RUNS/bench-host-ga16/profile.json" "$RES/train_bench_host_ga16_profile.json" 2>/dev/null
+# bench NAME DESCRIPTION [VAR=VALUE ...] -- [ght train args...]: one throughput run, when NAME is in
+# TRAIN_BENCH_RUNS (default: host hbm host_ga16). Results: $RES/train_bench_NAME{.log,_profile.json}.
+bench() {
+  local name=$1 what=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  [[ " ${TRAIN_BENCH_RUNS:-host hbm host_ga16} " == *" $name "* ]] || return 0
+  note "bench-h200: $what"
+  (
+    export GHT_SAVE_CHECKPOINTS=off
+    for e in "${envs[@]}"; do export "${e?}"; done
+    run_logged "train_bench_$name" 300 "$GHT" train --config configs/bench-h200.toml --out "$RUNS/bench-$name" \
+      --backend cuda --profile-steps 100 "$@"
+  ) || fail=1
+  cp "$RUNS/bench-$name/profile.json" "$RES/train_bench_${name}_profile.json" 2>/dev/null
+}
+bench host "master/m/v in host memory (mapped pinned), updated over PCIe by the GPU" --
+bench hbm "everything in HBM (GHT_OPTIMIZER=device)" GHT_OPTIMIZER=device --
+bench host_ga16 "state on the host, 16 micro-batches per step (4x the tokens per PCIe update)" -- \
+  -o model.grad_accum=16 -o train.steps=4
+# Expert GEMM A/B in the full model (everything in HBM, 4 steps each)
+bench hbm_loop "everything in HBM, expert GEMMs cublaslt_loop" GHT_OPTIMIZER=device GHT_EXPERT_GEMM=cublaslt_loop -- \
+  -o train.steps=4
+bench hbm_streams "everything in HBM, expert GEMMs cublaslt_streams" GHT_OPTIMIZER=device \
+  GHT_EXPERT_GEMM=cublaslt_streams -- -o train.steps=4
 fi
 
 # ---- report --------------------------------------------------------------------------------
@@ -189,7 +201,7 @@ if "bench" in parts:
     print()
     print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | link GB h2d/d2h |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name in ("bench_host", "bench_hbm", "bench_host_ga16"):
+    for name in ("bench_host", "bench_hbm", "bench_host_ga16", "bench_hbm_loop", "bench_hbm_streams"):
         path = f"{res}/train_{name}_profile.json"
         try:
             p = json.load(open(path))
