@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
+#include <optional>
 
 #include "tier/error.hpp"
 #include "trainer/file_io.hpp"
@@ -88,20 +90,6 @@ std::uint64_t parse_hex(const nlohmann::json& v) {
   return std::stoull(v.get<std::string>(), nullptr, 16);
 }
 
-std::vector<CheckpointTensor> read_tensors(const fs::path& path) {
-  SafetensorsReader r(path.string());
-  std::vector<CheckpointTensor> out;
-  for (const auto& t : r.tensors()) {
-    if (t.dtype != StDtype::F32) {
-      ck_fail(path, "tensor '" + t.name + "' has dtype " + std::string(to_string(t.dtype)) + ", expected F32");
-    }
-    CheckpointTensor n{t.name, t.shape, std::vector<float>(static_cast<std::size_t>(t.numel()))};
-    r.read_raw(t, n.data.data());
-    out.push_back(std::move(n));
-  }
-  return out;
-}
-
 std::vector<CheckpointTensorView> views_of(const std::vector<CheckpointTensor>& v) {
   std::vector<CheckpointTensorView> out;
   out.reserve(v.size());
@@ -147,28 +135,82 @@ nlohmann::json checked_manifest(const fs::path& dir) {
   return man;
 }
 
-void verify_files(const fs::path& dir, const nlohmann::json& man) {
+// A manifest entry's size and checksum. Throws naming the manifest when the entry is malformed.
+FileEntry expected_of(const fs::path& dir, const nlohmann::json& man, const std::string& name) {
+  const auto& files = man["files"];
+  if (name.find('/') != std::string::npos || name == ".." || !files.contains(name) ||
+      !files[name].is_object() || !files[name].contains("size") || !files[name]["size"].is_number_unsigned()) {
+    ck_fail(dir / kManifest, "malformed entry for file '" + name + "'");
+  }
+  const auto& e = files[name];
+  return {e["size"].get<std::uint64_t>(), parse_hex(e.value("xxh3_64", nlohmann::json()))};
+}
+
+// Before reading: the file exists and has the manifest's size (truncation named as such).
+void check_size(const fs::path& file, const FileEntry& want) {
   std::error_code ec;
+  if (!fs::exists(file, ec)) ck_fail(file, "missing");
+  const std::uint64_t size = fs::file_size(file, ec);
+  if (ec) ck_fail(file, "cannot stat: " + ec.message());
+  if (size != want.size) {
+    ck_fail(file, "size " + std::to_string(size) + " bytes, the manifest says " + std::to_string(want.size) +
+                      (size < want.size ? " (truncated)" : ""));
+  }
+}
+
+void check_hash(const fs::path& file, const FileEntry& want, std::uint64_t hash) {
+  if (hash != want.hash) {
+    ck_fail(file, "checksum mismatch: xxh3_64 " + fileio::hex64(hash) + ", the manifest says " +
+                      fileio::hex64(want.hash) + " (file corrupted)");
+  }
+}
+
+// Tensors of a safetensors file, read once and checksummed on the way (header bytes, then the
+// tensors' bytes in file order, which is the whole file). A header damaged so badly that it does
+// not parse is reported as corruption of that file.
+std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry& want) {
+  check_size(path, want);
+  std::optional<SafetensorsReader> r;
+  try {
+    r.emplace(path.string());
+  } catch (const io_error& e) {
+    check_hash(path, want, fileio::xxh3_file(path.string()));  // corrupted: say so first
+    throw;
+  }
+  fileio::Xxh3 h;
+  const std::string head = r->header_bytes();
+  h.update(head.data(), head.size());
+  std::vector<CheckpointTensor> out;
+  for (const auto& t : r->tensors()) {
+    if (t.dtype != StDtype::F32) {
+      ck_fail(path, "tensor '" + t.name + "' has dtype " + std::string(to_string(t.dtype)) + ", expected F32");
+    }
+    CheckpointTensor n{t.name, t.shape, std::vector<float>(static_cast<std::size_t>(t.numel()))};
+    r->read_raw(t, n.data.data());
+    h.update(n.data.data(), n.data.size() * sizeof(float));
+    out.push_back(std::move(n));
+  }
+  check_hash(path, want, h.digest());
+  return out;
+}
+
+nlohmann::json read_json(const fs::path& path, const FileEntry& want) {
+  check_size(path, want);
+  const std::string text = fileio::read_all(path.string());
+  check_hash(path, want, fileio::xxh3(text.data(), text.size()));
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    ck_fail(path, std::string("not valid JSON: ") + e.what());
+  }
+}
+
+void verify_files(const fs::path& dir, const nlohmann::json& man) {
   for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
-    const std::string name = it.key();
-    if (name.find('/') != std::string::npos || name == ".." || !it.value().is_object() ||
-        !it.value().contains("size") || !it.value()["size"].is_number_unsigned()) {
-      ck_fail(dir / kManifest, "malformed entry for file '" + name + "'");
-    }
-    const fs::path file = dir / name;
-    if (!fs::exists(file, ec)) ck_fail(file, "missing");
-    std::uint64_t size = 0;
-    const std::uint64_t hash = fileio::xxh3_file(file.string(), &size);
-    const auto want_size = it.value().value("size", std::uint64_t{0});
-    if (size != want_size) {
-      ck_fail(file, "size " + std::to_string(size) + " bytes, the manifest says " +
-                        std::to_string(want_size) + (size < want_size ? " (truncated)" : ""));
-    }
-    const std::uint64_t want_hash = parse_hex(it.value().value("xxh3_64", nlohmann::json()));
-    if (hash != want_hash) {
-      ck_fail(file, "checksum mismatch: xxh3_64 " + fileio::hex64(hash) + ", the manifest says " +
-                        it.value().value("xxh3_64", std::string("?")) + " (file corrupted)");
-    }
+    const FileEntry want = expected_of(dir, man, it.key());
+    const fs::path file = dir / it.key();
+    check_size(file, want);
+    check_hash(file, want, fileio::xxh3_file(file.string()));
   }
 }
 
@@ -264,23 +306,58 @@ std::string verify(const std::string& ckpt_dir) {
   return {};
 }
 
-CheckpointData load(const std::string& ckpt_dir) {
+CheckpointData load(const std::string& ckpt_dir, const LoadOptions& opts) {
   const fs::path dir(ckpt_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) ck_fail(dir, "no such checkpoint directory");
-  if (const std::string why = verify(ckpt_dir); !why.empty()) throw io_error(why);
-  const nlohmann::json man = checked_manifest(dir);
-  CheckpointData d;
-  d.step = man["step"].get<std::int64_t>();
-  d.weights = read_tensors(dir / kWeights);
-  d.master = read_tensors(dir / kMaster);
-  d.adam_m = read_tensors(dir / kAdamM);
-  d.adam_v = read_tensors(dir / kAdamV);
-  d.optimizer = parse_json_file(dir / kOptimizer);
-  d.data_position = parse_json_file(dir / kData);
-  d.rng = parse_json_file(dir / kRng);
-  d.config = parse_json_file(dir / kConfig);
-  return d;
+  try {
+    const nlohmann::json man = checked_manifest(dir);
+    const auto tensors = [&](const char* name) { return read_tensors(dir / name, expected_of(dir, man, name)); };
+    const auto json = [&](const char* name) { return read_json(dir / name, expected_of(dir, man, name)); };
+    // Files the manifest lists beyond ours (a newer writer's) are checked too.
+    for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
+      if (std::find(std::begin(kRequired), std::end(kRequired), it.key()) != std::end(kRequired)) continue;
+      const FileEntry want = expected_of(dir, man, it.key());
+      check_size(dir / it.key(), want);
+      check_hash(dir / it.key(), want, fileio::xxh3_file((dir / it.key()).string()));
+    }
+    CheckpointData d;
+    d.step = man["step"].get<std::int64_t>();
+    d.weights = tensors(kWeights);
+    if (opts.optimizer_state) {
+      d.master = tensors(kMaster);
+      d.adam_m = tensors(kAdamM);
+      d.adam_v = tensors(kAdamV);
+    }
+    d.optimizer = json(kOptimizer);
+    d.data_position = json(kData);
+    d.rng = json(kRng);
+    d.config = json(kConfig);
+    return d;
+  } catch (const nlohmann::json::exception& e) {
+    throw io_error("checkpoint " + ckpt_dir + ": malformed manifest or marker: " + e.what());
+  }
+}
+
+std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir, const LoadOptions& opts) {
+  for (const std::int64_t step : list_checkpoints(run_dir)) {
+    const std::string dir = (fs::path(run_dir) / checkpoint_dir_name(step)).string();
+    try {
+      return LoadedCheckpoint{dir, load(dir, opts)};
+    } catch (const io_error& e) {
+      std::fprintf(stderr, "ght: warning: skipping checkpoint %s: %s\n", dir.c_str(), e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
+                                                const std::function<void(const std::string&)>& say) {
+  if (resume.empty()) return std::nullopt;
+  if (resume != "auto") return LoadedCheckpoint{resume, load(resume)};
+  auto c = load_latest(run_dir);
+  if (!c) say("resume auto: no committed checkpoint in " + run_dir + "; starting fresh");
+  return c;
 }
 
 std::vector<std::int64_t> list_checkpoints(const std::string& run_dir) {

@@ -21,8 +21,11 @@
  * without COMMITTED, which load() and find_latest() reject. Checksums are XXH3-64 (libxxhash).
  *
  * Loading verifies the marker, the manifest's checksum, and every file's size and checksum;
- * errors (ght::io_error) name the checkpoint file and the problem.
+ * errors (ght::io_error) name the checkpoint file and the problem. load() reads each file once,
+ * checksumming the bytes as it parses them (a 21B-parameter checkpoint is ~340 GB: a separate
+ * verification pass would double the time to resume).
  */
+#include <functional>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -81,12 +84,37 @@ std::string save(const std::string& run_dir, std::int64_t step, const Checkpoint
 /// and XXH3-64. Returns an empty string when it is good, else the reason (naming the file).
 [[nodiscard]] std::string verify(const std::string& ckpt_dir);
 
-/// @brief Load and verify a checkpoint directory. @throws ght::io_error naming the file
-[[nodiscard]] CheckpointData load(const std::string& ckpt_dir);
+struct LoadOptions {
+  /// Read master, m and v. Without them (sampling, export) those files are neither read nor
+  /// checksummed, and CheckpointData's master/adam_m/adam_v stay empty.
+  bool optimizer_state = true;
+};
 
-/// @brief The newest checkpoint under run_dir that is committed and verifies, for
-/// `--resume auto`. Each newer one that fails is skipped with a warning on stderr naming it and
-/// the reason. nullopt when there is none (or run_dir does not exist).
+/// @brief Load a checkpoint directory, verifying every file it reads as it reads it.
+/// @throws ght::io_error naming the file and the problem (missing marker, size, checksum, format)
+[[nodiscard]] CheckpointData load(const std::string& ckpt_dir, const LoadOptions& opts = {});
+
+/// A checkpoint and the directory it came from.
+struct LoadedCheckpoint {
+  std::string dir;
+  CheckpointData data;
+};
+
+/// @brief The newest checkpoint under run_dir that loads with every check passing. Each newer
+/// one that fails is skipped with a warning on stderr naming it and the reason. nullopt when
+/// there is none (or run_dir does not exist).
+[[nodiscard]] std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir,
+                                                          const LoadOptions& opts = {});
+
+/// @brief What `--resume` asks for: "" = nothing (nullopt); "auto" = load_latest(run_dir) (nullopt,
+/// with a "starting fresh" line through `say`, when there is none); anything else = that
+/// checkpoint directory, which must load. @throws ght::io_error for an explicit one that fails
+[[nodiscard]] std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
+                                                              const std::function<void(const std::string&)>& say);
+
+/// @brief The newest checkpoint under run_dir that is committed and verifies (a full read of
+/// its files; load_latest() verifies while loading instead). Each newer one that fails is skipped
+/// with a warning on stderr naming it and the reason. nullopt when there is none.
 [[nodiscard]] std::optional<std::string> find_latest(const std::string& run_dir);
 
 /// Steps of the `ckpt_*` directories under run_dir, newest first (committed or not).

@@ -21,26 +21,32 @@ namespace {
 }
 }  // namespace
 
+Xxh3::Xxh3() : state_(XXH3_createState()) {
+  if (state_ == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+Xxh3::~Xxh3() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void Xxh3::update(const void* data, std::size_t bytes) noexcept {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+std::uint64_t Xxh3::digest() const noexcept {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
 OutFile::OutFile(std::string path, bool hash) : path_(std::move(path)) {
+  if (hash) hash_ = std::make_unique<Xxh3>();
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) fail(path_, "cannot create file");
-  if (hash) {
-    auto* st = XXH3_createState();
-    if (st == nullptr) throw std::bad_alloc();
-    XXH3_64bits_reset(st);
-    state_ = st;
-  }
 }
 
 OutFile::~OutFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (state_ != nullptr) XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
 
 void OutFile::write(const void* data, std::size_t bytes) {
   GHT_EXPECTS(fd_ >= 0, "write to closed file " + path_);
   const auto* p = static_cast<const char*>(data);
-  if (state_ != nullptr) XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, bytes);
+  if (hash_) hash_->update(p, bytes);
   std::size_t left = bytes;
   while (left > 0) {
     const ssize_t n = ::write(fd_, p, left);
@@ -79,8 +85,8 @@ void OutFile::close() {
 }
 
 std::uint64_t OutFile::digest() const {
-  GHT_EXPECTS(state_ != nullptr, "OutFile::digest: " + path_ + " was opened without hashing");
-  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+  GHT_EXPECTS(hash_ != nullptr, "OutFile::digest: " + path_ + " was opened without hashing");
+  return hash_->digest();
 }
 
 void fsync_dir(const std::string& dir) {
@@ -126,15 +132,10 @@ std::string read_all(const std::string& path) {
 }
 
 std::uint64_t xxh3_file(const std::string& path, std::uint64_t* size) {
+  Xxh3 h;
+  std::vector<char> buf(4 << 20);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open file");
-  XXH3_state_t* st = XXH3_createState();
-  if (st == nullptr) {
-    ::close(fd);
-    throw std::bad_alloc();
-  }
-  XXH3_64bits_reset(st);
-  std::vector<char> buf(4 << 20);
   std::uint64_t total = 0;
   for (;;) {
     const ssize_t n = ::read(fd, buf.data(), buf.size());
@@ -142,19 +143,16 @@ std::uint64_t xxh3_file(const std::string& path, std::uint64_t* size) {
       if (errno == EINTR) continue;
       const int e = errno;
       ::close(fd);
-      XXH3_freeState(st);
       errno = e;
       fail(path, "read failed");
     }
     if (n == 0) break;
-    XXH3_64bits_update(st, buf.data(), static_cast<std::size_t>(n));
+    h.update(buf.data(), static_cast<std::size_t>(n));
     total += static_cast<std::uint64_t>(n);
   }
   ::close(fd);
-  const std::uint64_t h = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
   if (size != nullptr) *size = total;
-  return h;
+  return h.digest();
 }
 
 std::uint64_t xxh3(const void* data, std::size_t bytes) noexcept { return XXH3_64bits(data, bytes); }

@@ -6,10 +6,25 @@
  * Every failure throws ght::io_error naming the path and the system error.
  */
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace ght::trainer::fileio {
+
+/// Streaming XXH3-64 (libxxhash): update() with consecutive pieces, digest() at any point.
+class Xxh3 {
+ public:
+  Xxh3();  ///< @throws std::bad_alloc
+  ~Xxh3();
+  Xxh3(const Xxh3&) = delete;
+  Xxh3& operator=(const Xxh3&) = delete;
+  void update(const void* data, std::size_t bytes) noexcept;
+  [[nodiscard]] std::uint64_t digest() const noexcept;
+
+ private:
+  void* state_ = nullptr;  // XXH3_state_t*
+};
 
 /// A file opened for writing (created or truncated), optionally hashing what is written.
 class OutFile {
@@ -34,7 +49,7 @@ class OutFile {
   std::string path_;
   int fd_ = -1;
   std::uint64_t bytes_ = 0;
-  void* state_ = nullptr;  // XXH3_state_t*
+  std::unique_ptr<Xxh3> hash_;
 };
 
 /// fsync a directory so that renames and creations inside it are durable.

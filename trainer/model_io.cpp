@@ -11,15 +11,19 @@ namespace ght::trainer {
 
 namespace fs = std::filesystem;
 
-std::string resolve_checkpoint_dir(const std::string& p) {
-  if (fs::exists(fs::path(p) / "COMMITTED")) return p;
-  if (auto latest = find_latest(p)) return *latest;
-  throw ght::io_error("no committed checkpoint at or under " + p);
-}
-
 MoEModel<float> load_model_from_checkpoint(const std::string& ckpt_or_run, TrainConfig* cfg_out) {
-  const std::string dir = resolve_checkpoint_dir(ckpt_or_run);
-  const CheckpointData c = load(dir);
+  // The weights only: master, m and v (12 of every 16 bytes) are neither read nor checksummed.
+  LoadOptions weights_only;
+  weights_only.optimizer_state = false;
+  std::optional<LoadedCheckpoint> ck;
+  if (fs::exists(fs::path(ckpt_or_run) / "COMMITTED")) {
+    ck = LoadedCheckpoint{ckpt_or_run, load(ckpt_or_run, weights_only)};
+  } else {
+    ck = load_latest(ckpt_or_run, weights_only);
+  }
+  if (!ck) throw ght::io_error("no committed checkpoint at or under " + ckpt_or_run);
+  const std::string& dir = ck->dir;
+  const CheckpointData& c = ck->data;
   const TrainConfig cfg = TrainConfig::from_json(c.config);
   MoEModel<float> model(cfg.model);
   auto params = model.params();

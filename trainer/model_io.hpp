@@ -14,11 +14,9 @@
 
 namespace ght::trainer {
 
-/// A checkpoint directory, or a run directory (its newest committed, verifying checkpoint).
-/// @throws ght::io_error when nothing loadable is found
-[[nodiscard]] std::string resolve_checkpoint_dir(const std::string& ckpt_or_run);
-
-/// The model stored in a checkpoint (weights and its resolved config).
+/// The model stored in a checkpoint (weights and its resolved config): `ckpt_or_run` is a
+/// checkpoint directory, or a run directory (its newest checkpoint that loads). Only the weights
+/// and JSON files are read. @throws ght::io_error when nothing loadable is found
 [[nodiscard]] MoEModel<float> load_model_from_checkpoint(const std::string& ckpt_or_run,
                                                          TrainConfig* cfg_out = nullptr);
 

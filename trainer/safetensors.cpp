@@ -322,6 +322,14 @@ const TensorInfo& SafetensorsReader::at(std::string_view name) const {
   return *t;
 }
 
+std::string SafetensorsReader::header_bytes() const {
+  std::string h(data_start_, '\0');
+  if (::pread(fd_, h.data(), h.size(), 0) != static_cast<ssize_t>(h.size())) {
+    st_fail(path_, std::string("cannot re-read the header: ") + std::strerror(errno));
+  }
+  return h;
+}
+
 void SafetensorsReader::read_raw(const TensorInfo& t, void* dst) const {
   auto* p = static_cast<char*>(dst);
   std::uint64_t off = data_start_ + t.begin, left = t.end - t.begin;

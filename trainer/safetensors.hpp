@@ -90,6 +90,11 @@ class SafetensorsReader {
   [[nodiscard]] const TensorInfo& at(std::string_view name) const;
   /// Copy a tensor's bytes (end - begin of them) to dst.
   void read_raw(const TensorInfo& t, void* dst) const;
+  /// The file's first data_start() bytes: the 8-byte length and the JSON header. With the
+  /// tensors' bytes in tensors() order they make up the whole file (the reader rejects holes
+  /// and trailing bytes), so a caller can checksum the file while reading it once.
+  [[nodiscard]] std::string header_bytes() const;
+  [[nodiscard]] std::uint64_t data_start() const noexcept { return data_start_; }
   /// Values as fp32 (from F32, BF16 or F16). @throws ght::io_error for other dtypes
   [[nodiscard]] std::vector<float> read_f32(std::string_view name) const;
   [[nodiscard]] std::vector<std::int32_t> read_i32(std::string_view name) const;

@@ -186,24 +186,15 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
 
   fs::create_directories(cfg.out);
   std::int64_t step = 0;
-  if (!run.resume.empty()) {
-    std::optional<std::string> dir;
-    if (run.resume == "auto") {
-      dir = find_latest(cfg.out);
-      if (!dir) say("resume auto: no committed checkpoint in " + cfg.out + "; starting fresh");
-    } else {
-      dir = run.resume;
-    }
-    if (dir) {
-      const CheckpointData c = load(*dir);
-      // The architecture must match; training knobs may change on resume.
-      const TrainConfig saved = TrainConfig::from_json(c.config);
-      GHT_EXPECTS(saved.to_json()["model"] == cfg.to_json()["model"],
-                  "checkpoint " + *dir + " was written for a different model config");
-      restore(c, model, opt, loader, *dir);
-      step = c.step;
-      say("resumed from " + *dir + " at step " + std::to_string(step));
-    }
+  if (const auto ck = load_for_resume(run.resume, cfg.out, say)) {
+    const CheckpointData& c = ck->data;
+    // The architecture must match; training knobs may change on resume.
+    const TrainConfig saved = TrainConfig::from_json(c.config);
+    GHT_EXPECTS(saved.to_json()["model"] == cfg.to_json()["model"],
+                "checkpoint " + ck->dir + " was written for a different model config");
+    restore(c, model, opt, loader, ck->dir);
+    step = c.step;
+    say("resumed from " + ck->dir + " at step " + std::to_string(step));
   }
   summary.first_step = step;
 

@@ -259,6 +259,56 @@ TEST(CheckpointResume, FallsBackAfterATruncatedFileToo) {
   EXPECT_CONTAINS(err, "model.safetensors");
 }
 
+TEST(CheckpointResume, LoadLatestSkipsCorruptOnesWhileLoading) {
+  TempDir run;
+  EXPECT_EQ(load_latest(run.str()), std::nullopt);
+  save(run.str(), 10, make_data(10));
+  save(run.str(), 20, make_data(20));
+  const fs::path c20 = run.path / "ckpt_00000020";
+  flip_byte(c20 / "optimizer.master.safetensors", fs::file_size(c20 / "optimizer.master.safetensors") - 3);
+  testing::internal::CaptureStderr();
+  const auto latest = load_latest(run.str());
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(latest->dir, (run.path / "ckpt_00000010").string());
+  EXPECT_EQ(latest->data.optimizer["step"], 10);
+  EXPECT_CONTAINS(err, "skipping checkpoint " + c20.string());
+  EXPECT_CONTAINS(err, "optimizer.master.safetensors");
+  EXPECT_CONTAINS(err, "checksum mismatch");
+  const CheckpointData want = make_data(10);
+  ASSERT_EQ(latest->data.adam_v.size(), want.adam_v.size());
+  for (std::size_t i = 0; i < want.adam_v.size(); ++i) EXPECT_EQ(latest->data.adam_v[i].data, want.adam_v[i].data);
+}
+
+TEST(CheckpointResume, WeightsOnlyLoadReadsNoOptimizerState) {
+  TempDir run;
+  const std::string dir = save(run.str(), 5, make_data(5));
+  // Damage the moments: a weights-only load does not read them, a full load must notice.
+  flip_byte(fs::path(dir) / "optimizer.v.safetensors", fs::file_size(fs::path(dir) / "optimizer.v.safetensors") - 1);
+  LoadOptions weights_only;
+  weights_only.optimizer_state = false;
+  const CheckpointData c = load(dir, weights_only);
+  EXPECT_EQ(c.weights.size(), make_data(5).weights.size());
+  EXPECT_TRUE(c.master.empty() && c.adam_m.empty() && c.adam_v.empty());
+  EXPECT_CONTAINS(error_of<ght::io_error>([&] { (void)load(dir); }), "optimizer.v.safetensors");
+}
+
+TEST(CheckpointResume, ForResumeFollowsTheFlag) {
+  TempDir run;
+  std::vector<std::string> said;
+  const auto say = [&](const std::string& m) { said.push_back(m); };
+  EXPECT_EQ(load_for_resume("", run.str(), say), std::nullopt);
+  EXPECT_TRUE(said.empty());
+  EXPECT_EQ(load_for_resume("auto", run.str(), say), std::nullopt);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_CONTAINS(said[0], "starting fresh");
+  const std::string dir = save(run.str(), 3, make_data(3));
+  EXPECT_EQ(load_for_resume("auto", run.str(), say)->dir, dir);
+  EXPECT_EQ(load_for_resume(dir, run.str(), say)->data.step, 3);
+  // An explicit directory must load: no silent fresh start.
+  EXPECT_THROW((void)load_for_resume((run.path / "ckpt_00000099").string(), run.str(), say), ght::io_error);
+}
+
 TEST(CheckpointPrune, KeepsTheNewestCommitted) {
   TempDir run;
   for (int s : {1, 2, 3, 4, 5}) save(run.str(), s, make_data(static_cast<std::uint32_t>(s)));

@@ -453,16 +453,8 @@ void CudaRun::setup() {
 
 void CudaRun::init_or_resume() {
   const auto& ts = model_->tensors();
-  std::optional<std::string> dir;
-  if (!run_.resume.empty()) {
-    if (run_.resume == "auto") {
-      dir = find_latest(cfg_.out);
-      if (!dir) say("resume auto: no committed checkpoint in " + cfg_.out + "; starting fresh");
-    } else {
-      dir = run_.resume;
-    }
-  }
-  if (!dir) {
+  const auto ck = load_for_resume(run_.resume, cfg_.out, [this](const std::string& m) { say(m); });
+  if (!ck) {
     // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
     init_params_host(ts, cfg_.seed, [&](std::size_t r, std::span<const float> v) {
       model_->load_weights(ts[r].offset, v);
@@ -471,18 +463,19 @@ void CudaRun::init_or_resume() {
     model_->zero_grad();
     return;
   }
-  const CheckpointData c = load(*dir);
+  const CheckpointData& c = ck->data;
+  const std::string& dir = ck->dir;
   const TrainConfig saved = TrainConfig::from_json(c.config);
   GHT_EXPECTS(saved.to_json()["model"] == cfg_.to_json()["model"],
-              "checkpoint " + *dir + " was written for a different model config");
-  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + *dir + " has " + std::to_string(c.master.size()) +
+              "checkpoint " + dir + " was written for a different model config");
+  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + dir + " has " + std::to_string(c.master.size()) +
                                                 " optimizer tensors; the model has " + std::to_string(ts.size()));
   for (std::size_t r = 0; r < ts.size(); ++r) {
     const auto& t = ts[r];
     const auto& ms = c.master[r];
     GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
                     c.adam_v[r].data.size() == t.numel,
-                "checkpoint " + *dir + ": tensor " + ms.name + " does not match the model's " + t.name);
+                "checkpoint " + dir + ": tensor " + ms.name + " does not match the model's " + t.name);
     opt_->load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
     model_->load_weights(t.offset, ms.data);
   }
@@ -490,7 +483,7 @@ void CudaRun::init_or_resume() {
   loader_->restore(LoaderState::from_json(c.data_position));
   model_->zero_grad();
   step_ = c.step;
-  say("resumed from " + *dir + " at step " + std::to_string(step_));
+  say("resumed from " + dir + " at step " + std::to_string(step_));
 }
 
 // ---- hooks -----------------------------------------------------------------------------------
