@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.hpp"
 #include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 #include "trainer/file_io.hpp"
@@ -21,6 +22,8 @@ namespace fs = std::filesystem;
 using namespace ght::trainer;
 
 namespace {
+
+using ght::test::error_of;
 
 // One directory per test, removed on scope exit.
 struct TempDir : ght::test::TempDir {
@@ -70,20 +73,6 @@ bool same_bytes(const std::vector<CheckpointTensor>& a, const std::vector<Checkp
   }
   return true;
 }
-
-template <class E, class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
-
-#define EXPECT_CONTAINS(hay, needle) \
-  EXPECT_NE(std::string(hay).find(needle), std::string::npos) << "'" << (hay) << "' lacks '" << (needle) << "'"
 
 void flip_byte(const fs::path& p, std::uintmax_t offset) {
   std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);

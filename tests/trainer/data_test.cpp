@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.hpp"
 #include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 #include "trainer/tokenizer.hpp"
@@ -24,6 +25,7 @@ using namespace ght::trainer;
 
 namespace {
 
+using ght::test::error_of;
 using ght::test::read_bytes;
 using ght::test::write_bytes;
 
@@ -46,21 +48,6 @@ std::int32_t header_int(const std::string& bytes, int i) {
 }
 
 void set_header_int(std::string& bytes, int i, std::int32_t v) { std::memcpy(bytes.data() + 4 * i, &v, 4); }
-
-// The error message of `fn`, which must throw E.
-template <class E, class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
-
-#define EXPECT_CONTAINS(hay, needle) \
-  EXPECT_NE(std::string(hay).find(needle), std::string::npos) << "'" << (hay) << "' lacks '" << (needle) << "'"
 
 // A .npy file (format 1.0) holding `payload` with the given header dict text.
 std::string npy(const std::string& dict, const std::string& payload) {

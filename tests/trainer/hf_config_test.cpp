@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/expect.hpp"
 #include "tier/error.hpp"
 
 namespace fs = std::filesystem;
@@ -16,19 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-template <class E, class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
-
-#define EXPECT_CONTAINS(hay, needle) \
-  EXPECT_NE(std::string(hay).find(needle), std::string::npos) << "'" << (hay) << "' lacks '" << (needle) << "'"
+using ght::test::error_of;
 
 void expect_same(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.name, b.name);

@@ -13,13 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.hpp"
+
 using namespace ght::trainer;
 namespace fs = std::filesystem;
 
 namespace {
-
-#define EXPECT_CONTAINS(hay, needle) \
-  EXPECT_NE(std::string(hay).find(needle), std::string::npos) << "'" << (hay) << "' lacks '" << (needle) << "'"
 
 StepRecord rec(std::int64_t step, double elapsed) {
   StepRecord r;

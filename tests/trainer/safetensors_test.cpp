@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect.hpp"
 #include "common/temp_dir.hpp"
 #include "tier/error.hpp"
 
@@ -24,6 +25,7 @@ using namespace ght::trainer;
 
 namespace {
 
+using ght::test::error_of;
 using ght::test::read_bytes;
 using ght::test::write_bytes;
 
@@ -39,20 +41,6 @@ std::vector<float> randn(std::size_t n, std::uint32_t seed) {
   for (auto& x : v) x = dist(rng);
   return v;
 }
-
-template <class E, class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return {};
-}
-
-#define EXPECT_CONTAINS(hay, needle) \
-  EXPECT_NE(std::string(hay).find(needle), std::string::npos) << "'" << (hay) << "' lacks '" << (needle) << "'"
 
 // A safetensors file from a header JSON text and a data buffer, exactly as given.
 std::string raw_file(const std::string& json, const std::string& data) {
