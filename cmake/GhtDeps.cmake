@@ -6,7 +6,7 @@ find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(toml11 REQUIRED)
 find_package(CLI11 REQUIRED)
-find_package(TBB QUIET)  # installed per DESIGN.md; no module links it yet
+find_package(TBB REQUIRED)  # host task concurrency (trainer: checkpoint files in parallel)
 # hwloc and xxHash: plain header + library lookups, so that packages staged under a prefix
 # (tools/stage-deps.sh, CMAKE_PREFIX_PATH) are found as well as system ones.
 function(ght_find_c_library target header lib)
