@@ -272,17 +272,25 @@ SizeValue parse_size(std::string_view name, std::string_view text) {
   return v;
 }
 
+// The bounds of an option's "lo,hi" range text into lo and hi; false (bounds untouched) for an
+// empty range. An ill-formed range is a bug in config_options.inc.
+template <class T>
+bool parse_range(std::string_view range, const char* kind, T& lo, T& hi) {
+  if (range.empty()) return false;
+  const auto [lo_s, hi_s] = split_range(range);
+  const auto r1 = std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo);
+  const auto r2 = std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi);
+  GHT_EXPECTS(r1.ec == std::errc() && r1.ptr == lo_s.data() + lo_s.size() && r2.ec == std::errc() &&
+                  r2.ptr == hi_s.data() + hi_s.size() && lo <= hi,
+              std::string("ill-formed ") + kind + " range '" + std::string(range) + "'");
+  return true;
+}
+
 std::int64_t parse_int(std::string_view name, std::string_view text, std::string_view range) {
   std::string accepted = "decimal integer";
   std::int64_t lo = std::numeric_limits<std::int64_t>::min();
   std::int64_t hi = std::numeric_limits<std::int64_t>::max();
-  if (!range.empty()) {
-    const auto [lo_s, hi_s] = split_range(range);
-    const auto r1 = std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo);
-    const auto r2 = std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi);
-    GHT_EXPECTS(r1.ec == std::errc() && r1.ptr == lo_s.data() + lo_s.size() && r2.ec == std::errc() &&
-                    r2.ptr == hi_s.data() + hi_s.size() && lo <= hi,
-                "ill-formed integer range '" + std::string(range) + "'");
+  if (parse_range(range, "integer", lo, hi)) {
     accepted += " in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   }
   std::string_view s = trim(text);
@@ -304,13 +312,8 @@ double parse_float(std::string_view name, std::string_view text, std::string_vie
   std::string accepted = "decimal number";
   double lo = -std::numeric_limits<double>::max();
   double hi = std::numeric_limits<double>::max();
-  if (!range.empty()) {
+  if (parse_range(range, "float", lo, hi)) {
     const auto [lo_s, hi_s] = split_range(range);
-    const auto r1 = std::from_chars(lo_s.data(), lo_s.data() + lo_s.size(), lo);
-    const auto r2 = std::from_chars(hi_s.data(), hi_s.data() + hi_s.size(), hi);
-    GHT_EXPECTS(r1.ec == std::errc() && r1.ptr == lo_s.data() + lo_s.size() && r2.ec == std::errc() &&
-                    r2.ptr == hi_s.data() + hi_s.size() && lo <= hi,
-                "ill-formed float range '" + std::string(range) + "'");
     accepted += " in [" + std::string(lo_s) + ", " + std::string(hi_s) + "]";
   }
   std::string_view s = trim(text);
