@@ -188,7 +188,7 @@ std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry
     if (t.dtype != StDtype::F32) {
       ck_fail(path, "tensor '" + t.name + "' has dtype " + std::string(to_string(t.dtype)) + ", expected F32");
     }
-    CheckpointTensor n{t.name, t.shape, std::vector<float>(static_cast<std::size_t>(t.numel()))};
+    CheckpointTensor n{t.name, t.shape, FloatBuffer(static_cast<std::size_t>(t.numel()))};  // read_raw fills it
     r->read_raw(t, n.data.data());
     h.update(n.data.data(), n.data.size() * sizeof(float));
     out.push_back(std::move(n));

@@ -26,6 +26,9 @@
  * verification pass would double the time to resume).
  */
 #include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -35,11 +38,33 @@
 
 namespace ght::trainer {
 
+/// std::allocator that default-initialises: FloatBuffer(n) leaves its floats uninitialised
+/// instead of zero-filling them, for buffers that a read fills right away (a checkpoint's tensors
+/// are hundreds of GB; the zero-fill cost as much as the read, see
+/// bench/results/2026-11-30-cpu-checkpoint-io.md). Ask for zeros explicitly: FloatBuffer(n, 0.0f).
+template <class T>
+struct DefaultInitAllocator : std::allocator<T> {
+  using std::allocator<T>::allocator;
+  template <class U>
+  struct rebind {
+    using other = DefaultInitAllocator<U>;
+  };
+  template <class U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using FloatBuffer = std::vector<float, DefaultInitAllocator<float>>;
+
 /// A named fp32 tensor, row-major.
 struct CheckpointTensor {
   std::string name;
   std::vector<std::int64_t> shape;
-  std::vector<float> data;
+  FloatBuffer data;
 };
 
 /// A named fp32 tensor that borrows its data (saving a model without copying it).

@@ -82,11 +82,10 @@ CheckpointData snapshot(const TrainConfig& cfg, const MoEModel<float>& model,
   auto params = model.params();
   for (std::size_t r = 0; r < model.tensors().size(); ++r) {
     const auto& t = model.tensors()[r];
-    CheckpointTensor w{t.name, t.shape, std::vector<float>(params.begin() + t.offset,
-                                                           params.begin() + t.offset + t.numel)};
-    CheckpointTensor ms{t.name, t.shape, std::vector<float>(t.numel)};
-    CheckpointTensor m{t.name, t.shape, std::vector<float>(t.numel)};
-    CheckpointTensor v{t.name, t.shape, std::vector<float>(t.numel)};
+    CheckpointTensor w{t.name, t.shape, FloatBuffer(params.begin() + t.offset, params.begin() + t.offset + t.numel)};
+    CheckpointTensor ms{t.name, t.shape, FloatBuffer(t.numel, 0.0f)};
+    CheckpointTensor m{t.name, t.shape, FloatBuffer(t.numel, 0.0f)};
+    CheckpointTensor v{t.name, t.shape, FloatBuffer(t.numel, 0.0f)};
     opt.save_state(r, ms.data.data(), m.data.data(), v.data.data());
     c.weights.push_back(std::move(w));
     c.master.push_back(std::move(ms));

@@ -50,11 +50,11 @@ void setup_import(CLI::App& app) {
     ck.step = 0;
     const auto params = m.params();
     for (const auto& t : m.tensors()) {
-      std::vector<float> w(params.begin() + t.offset, params.begin() + t.offset + t.numel);
+      const tr::FloatBuffer w(params.begin() + t.offset, params.begin() + t.offset + t.numel);
       ck.weights.push_back({t.name, t.shape, w});
       ck.master.push_back({t.name, t.shape, w});
-      ck.adam_m.push_back({t.name, t.shape, std::vector<float>(t.numel, 0.0f)});
-      ck.adam_v.push_back({t.name, t.shape, std::vector<float>(t.numel, 0.0f)});
+      ck.adam_m.push_back({t.name, t.shape, tr::FloatBuffer(t.numel, 0.0f)});
+      ck.adam_v.push_back({t.name, t.shape, tr::FloatBuffer(t.numel, 0.0f)});
     }
     ck.optimizer = {{"step", 0}, {"steps_skipped_nonfinite", 0}};
     ck.data_position = nlohmann::json::object();
