@@ -208,13 +208,15 @@ nlohmann::json read_json(const fs::path& path, const FileEntry& want) {
   }
 }
 
+// One listed file's size and checksum, read in full (no parsing).
+void verify_file(const fs::path& dir, const nlohmann::json& man, const std::string& name) {
+  const FileEntry want = expected_of(dir, man, name);
+  check_size(dir / name, want);
+  check_hash(dir / name, want, fileio::xxh3_file((dir / name).string()));
+}
+
 void verify_files(const fs::path& dir, const nlohmann::json& man) {
-  for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
-    const FileEntry want = expected_of(dir, man, it.key());
-    const fs::path file = dir / it.key();
-    check_size(file, want);
-    check_hash(file, want, fileio::xxh3_file(file.string()));
-  }
+  for (auto it = man["files"].begin(); it != man["files"].end(); ++it) verify_file(dir, man, it.key());
 }
 
 }  // namespace
@@ -327,10 +329,9 @@ CheckpointData load(const std::string& ckpt_dir, const LoadOptions& opts) {
     const auto json = [&](const char* name) { return read_json(dir / name, expected_of(dir, man, name)); };
     // Files the manifest lists beyond ours (a newer writer's) are checked too.
     for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
-      if (std::find(std::begin(kRequired), std::end(kRequired), it.key()) != std::end(kRequired)) continue;
-      const FileEntry want = expected_of(dir, man, it.key());
-      check_size(dir / it.key(), want);
-      check_hash(dir / it.key(), want, fileio::xxh3_file((dir / it.key()).string()));
+      if (std::find(std::begin(kRequired), std::end(kRequired), it.key()) == std::end(kRequired)) {
+        verify_file(dir, man, it.key());
+      }
     }
     CheckpointData d;
     d.step = man["step"].get<std::int64_t>();
