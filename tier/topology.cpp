@@ -116,6 +116,13 @@ std::string format_cpu_list(const std::vector<int>& cpus) {
   return out;
 }
 
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 std::uint64_t meminfo_bytes(const std::string& text, const std::string& key) {
   std::istringstream in(text);
   std::string line;
@@ -161,13 +168,6 @@ std::vector<int> bitmap_ids(hwloc_const_bitmap_t set) {
   if (set == nullptr) return ids;
   for (int i = hwloc_bitmap_first(set); i != -1; i = hwloc_bitmap_next(set, i)) ids.push_back(i);
   return ids;
-}
-
-std::string read_file(const char* path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 std::string cpu_model(hwloc_topology_t t) {
@@ -374,7 +374,7 @@ Topology discover() {
 
   // System-wide totals. /proc/meminfo counts the GH200's HBM node as system memory, so the
   // GPU-memory nodes are subtracted to get the host's own memory.
-  const std::string meminfo = read_file("/proc/meminfo");
+  const std::string meminfo = detail::read_text_file("/proc/meminfo");
   const std::uint64_t mem_total = detail::meminfo_bytes(meminfo, "MemTotal");
   const std::uint64_t mem_available = detail::meminfo_bytes(meminfo, "MemAvailable");
   std::uint64_t gpu_total = 0, gpu_free = 0, host_nodes_total = 0;

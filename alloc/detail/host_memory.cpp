@@ -9,8 +9,6 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "alloc/resource.hpp"
@@ -31,15 +29,6 @@
 
 namespace ght::alloc::detail {
 
-namespace {
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-}  // namespace
-
 bool numa_node_usable(int node) noexcept {
   if (node < 0 || numa_available() < 0 || node > numa_max_node()) return false;
   bitmask* allowed = numa_get_mems_allowed();
@@ -55,7 +44,7 @@ std::uint64_t numa_node_free_bytes(int node) noexcept {
     const bool one_node = numa_available() < 0 || numa_max_node() == 0;
     if (node >= 0 && !one_node && node <= numa_max_node()) {
       const std::string text =
-          read_text_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
+          tier::detail::read_text_file("/sys/devices/system/node/node" + std::to_string(node) + "/meminfo");
       const std::string pre = "Node " + std::to_string(node) + " ";
       const std::uint64_t free_b = tier::detail::meminfo_bytes(text, pre + "MemFree");
       if (free_b > 0) {
@@ -69,7 +58,8 @@ std::uint64_t numa_node_free_bytes(int node) noexcept {
         return static_cast<std::uint64_t>(free_bytes);
       }
     }
-    const std::uint64_t avail = tier::detail::meminfo_bytes(read_text_file("/proc/meminfo"), "MemAvailable");
+    const std::string meminfo = tier::detail::read_text_file("/proc/meminfo");
+    const std::uint64_t avail = tier::detail::meminfo_bytes(meminfo, "MemAvailable");
     if (avail > 0) return avail;
   } catch (...) {  // out of memory while reading: fall back to the free-page count
   }

@@ -40,6 +40,9 @@ void flag_gpu_memory_nodes(std::vector<NumaNode>& nodes, const std::vector<int>&
 /// "0-3,8,10-11" from a sorted list of CPU indices.
 [[nodiscard]] std::string format_cpu_list(const std::vector<int>& cpus);
 
+/// A small text file's contents (/proc, /sys); "" when it cannot be read.
+[[nodiscard]] std::string read_text_file(const std::string& path);
+
 /// Value of a "Key:   123 kB" line of a /proc/meminfo-style text, in bytes; 0 when absent.
 [[nodiscard]] std::uint64_t meminfo_bytes(const std::string& text, const std::string& key);
 
