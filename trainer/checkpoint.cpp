@@ -80,13 +80,16 @@ FileEntry write_text(const fs::path& path, const std::string& text) {
   return {f.bytes_written(), f.digest()};
 }
 
-nlohmann::json parse_json_file(const fs::path& path) {
+// `text`, read from `path`, as JSON; throws naming the file.
+nlohmann::json parse_json_text(const fs::path& path, const std::string& text) {
   try {
-    return nlohmann::json::parse(fileio::read_all(path.string()));
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     ck_fail(path, std::string("not valid JSON: ") + e.what());
   }
 }
+
+nlohmann::json parse_json_file(const fs::path& path) { return parse_json_text(path, fileio::read_all(path.string())); }
 
 std::uint64_t parse_hex(const nlohmann::json& v) {
   if (!v.is_string() || v.get<std::string>().size() != 16) return 0;
@@ -114,8 +117,9 @@ nlohmann::json checked_manifest(const fs::path& dir) {
   }
   const fs::path manifest = dir / kManifest;
   if (!fs::exists(manifest, ec)) ck_fail(manifest, "missing");
-  std::uint64_t size = 0;
-  const std::uint64_t hash = fileio::xxh3_file(manifest.string(), &size);
+  const std::string text = fileio::read_all(manifest.string());  // read once: checksum, then parse
+  const std::uint64_t size = text.size();
+  const std::uint64_t hash = fileio::xxh3(text.data(), text.size());
   if (size != m["manifest_size"].get<std::uint64_t>()) {
     ck_fail(manifest, "size " + std::to_string(size) + " bytes, the COMMITTED marker says " +
                           std::to_string(m["manifest_size"].get<std::uint64_t>()));
@@ -124,7 +128,7 @@ nlohmann::json checked_manifest(const fs::path& dir) {
     ck_fail(manifest, "checksum mismatch: xxh3_64 " + fileio::hex64(hash) +
                           ", the COMMITTED marker says " + m["manifest_xxh3_64"].dump());
   }
-  nlohmann::json man = parse_json_file(manifest);
+  nlohmann::json man = parse_json_text(manifest, text);
   if (!man.is_object() || man.value("format", "") != kFormat || !man.contains("files") ||
       !man["files"].is_object() || !man.contains("step") || !man["step"].is_number_integer()) {
     ck_fail(manifest, "not a ghtier checkpoint manifest");
@@ -201,11 +205,7 @@ nlohmann::json read_json(const fs::path& path, const FileEntry& want) {
   check_size(path, want);
   const std::string text = fileio::read_all(path.string());
   check_hash(path, want, fileio::xxh3(text.data(), text.size()));
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    ck_fail(path, std::string("not valid JSON: ") + e.what());
-  }
+  return parse_json_text(path, text);
 }
 
 // One listed file's size and checksum, read in full (no parsing).
