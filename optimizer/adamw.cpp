@@ -179,6 +179,8 @@ struct AdamW::Impl {
     bool staged = false;             // cpu path through staging
     bool dma = false;                // gpu_link path in dma mode
     bool updated = false;            // in the current step
+    bool speculated = false;         // updated ahead of begin_step, not yet validated
+    bool done_ahead = false;         // speculated and settled by begin_step: update_region skips it
     std::vector<CUevent_st*> events;
   };
 
@@ -193,6 +195,9 @@ struct AdamW::Impl {
   CUstream_st* link = nullptr;      // GPU updates and weight uploads
   CUstream_st* down = nullptr;      // cpu path gradient downloads, dma state write-back
   CUstream_st* up = nullptr;        // dma state reads
+  // Gradient norm. Not `link`: there it would queue behind speculative updates (and a previous
+  // update), and begin_step, which reads the norm on the host, would wait for them.
+  CUstream_st* norm = nullptr;
   CUevent_st* produced = nullptr;
   CUevent_st* step_barrier = nullptr;
   float* dma_slots = nullptr;       // (kDmaSlots, 3, kDmaChunk) HBM
@@ -208,6 +213,19 @@ struct AdamW::Impl {
   CUevent_st* grad_ready[2] = {nullptr, nullptr};
   CUevent_st* weight_sent[2] = {nullptr, nullptr};
 
+  // Speculation: per speculated chunk, the master, m, v and bf16 weight it overwrote, in HBM.
+  struct SpecChunk {
+    std::size_t region = 0, chunk = 0, off = 0, count = 0;
+    float* save = nullptr;  // master, m, v (spec_pad(count) floats each), then count bf16
+  };
+  unsigned char* spec_arena = nullptr;
+  std::size_t spec_cap = 0, spec_used = 0;
+  std::vector<SpecChunk> spec;
+  double spec_lr = 0;
+  StepScalars spec_decay, spec_plain;
+  CUevent_st* spec_ready = nullptr;  // the producer's work up to the speculated region
+  CUevent_st* spec_fence = nullptr;  // orders link and down around an undo
+
   bool step_open = false;
   bool skip = false;
   StepScalars k_decay, k_plain;
@@ -218,7 +236,7 @@ struct AdamW::Impl {
 
   void release() noexcept {
 #ifdef GHT_HAVE_CUDA
-    for (CUstream_st* s : {link, down, up}) {
+    for (CUstream_st* s : {link, down, up, norm}) {
       if (s != nullptr) (void)cudaStreamSynchronize(s);
     }
     for (RegionState& rs : regions) {
@@ -226,7 +244,7 @@ struct AdamW::Impl {
       rs.events.clear();
     }
     for (CUevent_st* e : {grad_ready[0], grad_ready[1], weight_sent[0], weight_sent[1], produced,
-                          step_barrier}) {
+                          step_barrier, spec_ready, spec_fence}) {
       if (e != nullptr) (void)cudaEventDestroy(e);
     }
     for (int i = 0; i < kDmaSlots; ++i) {
@@ -236,10 +254,12 @@ struct AdamW::Impl {
     }
     if (dma_slots != nullptr) (void)cudaFree(dma_slots);
     dma_slots = nullptr;
-    for (CUstream_st* s : {link, down, up}) {
+    if (spec_arena != nullptr) (void)cudaFree(spec_arena);
+    spec_arena = nullptr;
+    for (CUstream_st* s : {link, down, up, norm}) {
       if (s != nullptr) (void)cudaStreamDestroy(s);
     }
-    link = down = up = nullptr;
+    link = down = up = norm = nullptr;
     sumsq.reset();
 #endif
     for (void*& s : staging) {
@@ -368,11 +388,13 @@ struct AdamW::Impl {
     return s;
   }
 
-  void update_gpu(RegionState& rs, const StepScalars& k) {
+  void update_gpu(RegionState& rs, const StepScalars& k, bool speculative = false) {
 #ifdef GHT_HAVE_CUDA
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const std::size_t off = c * rs.chunk;
-      adamw_gpu(span(rs, off, std::min(rs.chunk, rs.desc.n - off), true), k, link);
+      const AdamWSpan s = span(rs, off, std::min(rs.chunk, rs.desc.n - off), true);
+      if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
+      adamw_gpu(s, k, link);
       record(rs.events[c], link);
     }
 #else
@@ -385,7 +407,7 @@ struct AdamW::Impl {
   // dma mode: per chunk, state goes host -> slot on `up`, the kernel updates the slot on `link`,
   // state goes slot -> host on `down`; slots rotate so the three stages overlap, and the two
   // copy directions run on separate copy engines at the same time.
-  void update_gpu_dma(RegionState& rs, const StepScalars& k) {
+  void update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative = false) {
 #ifdef GHT_HAVE_CUDA
     const std::size_t gsize = grad_type_size(rs.desc.grad_type);
     for (std::size_t c = 0; c < rs.chunks; ++c) {
@@ -407,6 +429,7 @@ struct AdamW::Impl {
       s.grad_type = rs.desc.grad_type;
       s.weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + off : nullptr;
       s.n = count;
+      if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
       adamw_gpu(s, k, link);
       record(dma_updated[slot], link);
       GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
@@ -421,6 +444,138 @@ struct AdamW::Impl {
     (void)rs;
     (void)k;
 #endif
+  }
+
+  // ---- speculation ----
+  // Floats per saved array: a multiple of 8 keeps every array 32-byte aligned, so the undo
+  // recompute takes the same (vector) kernel path as the update it replaces.
+  static std::size_t spec_pad(std::size_t count) { return (count + 7) / 8 * 8; }
+  static std::size_t spec_bytes(std::size_t count) {
+    return (3 * spec_pad(count) * sizeof(float) + count * sizeof(bf16) + 255) / 256 * 256;
+  }
+  std::size_t region_spec_bytes(const RegionState& rs) const {
+    std::size_t b = 0;
+    for (std::size_t c = 0; c < rs.chunks; ++c) b += spec_bytes(std::min(rs.chunk, rs.desc.n - c * rs.chunk));
+    return b;
+  }
+
+  // On `link`, before the chunk's kernel: copy the state it will overwrite (wherever the kernel
+  // reads it: mapped host memory or a dma slot) and its bf16 weight into the arena.
+  void save_for_undo(RegionState& rs, std::size_t c, const float* master, const float* m, const float* v) {
+#ifdef GHT_HAVE_CUDA
+    SpecChunk sc;
+    sc.region = static_cast<std::size_t>(&rs - regions.data());
+    sc.chunk = c;
+    sc.off = c * rs.chunk;
+    sc.count = std::min(rs.chunk, rs.desc.n - sc.off);
+    sc.save = reinterpret_cast<float*>(spec_arena + spec_used);
+    spec_used += spec_bytes(sc.count);
+    const std::size_t pad = spec_pad(sc.count), bytes = sc.count * sizeof(float);
+    const float* src[3] = {master, m, v};
+    for (int i = 0; i < 3; ++i) {
+      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + i * pad, src[i], bytes, cudaMemcpyDefault, link));
+    }
+    if (rs.weight_dev != nullptr) {
+      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + 3 * pad, static_cast<const bf16*>(rs.weight_dev) + sc.off,
+                                   sc.count * sizeof(bf16), cudaMemcpyDefault, link));
+    }
+    spec.push_back(sc);
+#else
+    (void)rs;
+    (void)c;
+    (void)master;
+    (void)m;
+    (void)v;
+#endif
+  }
+
+  // The speculation did not hold: recompute every speculated chunk from its saved state with this
+  // step's scalars (redo), or put the saved bytes back (the step is skipped), and write the
+  // result over the speculative one. Same kernel and inputs as the non-speculative update.
+  void undo_speculation(bool redo) {
+#ifdef GHT_HAVE_CUDA
+    // dma write-backs of the speculative results run on `down`; ours must land after them.
+    record(spec_fence, down);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(link, spec_fence, 0));
+    for (const SpecChunk& sc : spec) {
+      RegionState& rs = regions[sc.region];
+      const std::size_t pad = spec_pad(sc.count);
+      float* saved[3] = {sc.save, sc.save + pad, sc.save + 2 * pad};
+      bf16* weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + sc.off : nullptr;
+      if (redo) {
+        AdamWSpan s;
+        s.master = saved[0];
+        s.m = saved[1];
+        s.v = saved[2];
+        s.grad = static_cast<const unsigned char*>(rs.grad_dev) + sc.off * grad_type_size(rs.desc.grad_type);
+        s.grad_type = rs.desc.grad_type;
+        s.weight = weight;
+        s.n = sc.count;
+        adamw_gpu(s, rs.desc.weight_decay ? k_decay : k_plain, link);
+      } else if (weight != nullptr) {
+        GHT_CUDA_TRY(cudaMemcpyAsync(weight, sc.save + 3 * pad, sc.count * sizeof(bf16), cudaMemcpyDefault, link));
+      }
+      for (int i = 0; i < 3; ++i) {
+        void* dst = rs.st[i].host != nullptr ? rs.st[i].host : rs.st[i].device;
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(dst) + sc.off, saved[i], sc.count * sizeof(float),
+                                     cudaMemcpyDefault, link));
+      }
+      record(rs.events[sc.chunk], link);
+    }
+    // The next step's dma reads (ordered after `down`) must see the corrected state.
+    record(spec_fence, link);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(down, spec_fence, 0));
+#else
+    (void)redo;
+#endif
+  }
+
+  // The undo arena: GHT_OPT_SPECULATE bytes (or opts.speculate_bytes) when some region takes the
+  // gpu_link path, capped so that GHT_HBM_HEADROOM stays free.
+  void reserve_speculation() {
+#ifdef GHT_HAVE_CUDA
+    if (!gpu) return;
+    bool any_link = false;
+    for (const RegionState& rs : regions) any_link = any_link || rs.path == Path::gpu_link;
+    if (!any_link) return;
+    std::size_t free_b = 0, total_b = 0;
+    GHT_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    std::size_t want = opts.speculate_bytes
+                           ? *opts.speculate_bytes
+                           : config::cfg().get_size(config::Key::GHT_OPT_SPECULATE).resolve(total_b, "GHT_OPT_SPECULATE");
+    const std::size_t headroom =
+        config::cfg().get_size(config::Key::GHT_HBM_HEADROOM).resolve(total_b, "GHT_HBM_HEADROOM");
+    want = std::min(want, free_b > headroom ? free_b - headroom : 0);
+    if (want < (std::size_t{1} << 20)) return;
+    void* p = nullptr;
+    if (cudaMalloc(&p, want) != cudaSuccess) {
+      (void)cudaGetLastError();  // speculation is an optimisation: run without it
+      return;
+    }
+    spec_arena = static_cast<unsigned char*>(p);
+    spec_cap = want;
+#endif
+  }
+
+  // begin_step's verdict on this step's speculation: keep it, or undo it (recompute with the
+  // step's scalars when the step is taken, restore when it is skipped).
+  void settle_speculation(StepResult& res, bool undo) {
+    if (spec.empty()) return;
+    for (const SpecChunk& sc : spec) res.speculated_params += sc.count;
+    stats.steps_speculated += 1;
+    if (undo) {
+      undo_speculation(res.taken);
+      res.speculation_undone = true;
+      stats.speculations_undone += 1;
+    }
+    for (RegionState& rs : regions) rs.done_ahead = rs.speculated;
+    end_speculation();
+  }
+
+  void end_speculation() {
+    spec.clear();
+    spec_used = 0;
+    for (RegionState& rs : regions) rs.speculated = false;
   }
 
   void update_cpu(RegionState& rs, const StepScalars& k) {
@@ -553,7 +708,11 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     I.down = s;
     GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     I.up = s;
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    I.norm = s;
     I.produced = I.new_event();
+    I.spec_ready = I.new_event();
+    I.spec_fence = I.new_event();
     I.step_barrier = I.new_event();
     I.sumsq = std::make_unique<DeviceSumsq>();
   }
@@ -602,6 +761,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     for (int i = 0; i < 3; ++i) I.zero(rs.st[i], rs.desc.n);
     I.configure(rs);
   }
+  I.reserve_speculation();
 }
 
 AdamW::~AdamW() = default;
@@ -620,6 +780,7 @@ std::size_t AdamW::num_chunks(std::size_t r) const { return impl_->at(r).chunks;
 
 void AdamW::set_step_count(std::int64_t t) {
   GHT_EXPECTS(t >= 0, "AdamW step count must be >= 0, got " + std::to_string(t));
+  cancel_speculation();
   impl_->t = t;
 }
 
@@ -634,6 +795,7 @@ const StateBuffer& AdamW::state(std::size_t r, TensorClass cls) const {
 
 void AdamW::set_grad(std::size_t r, const void* grad, GradType type) {
   Impl::RegionState& rs = impl_->at(r);
+  cancel_speculation();
   synchronize();  // an in-flight update may still read the old buffer
   rs.desc.grad = grad;
   rs.desc.grad_type = type;
@@ -653,13 +815,14 @@ CUevent_st* AdamW::region_event(std::size_t r) const {
 
 void AdamW::synchronize() const {
 #ifdef GHT_HAVE_CUDA
-  for (CUstream_st* s : {impl_->link, impl_->down, impl_->up}) {
+  for (CUstream_st* s : {impl_->link, impl_->down, impl_->up, impl_->norm}) {
     if (s != nullptr) GHT_CUDA_TRY(cudaStreamSynchronize(s));
   }
 #endif
 }
 
 void AdamW::init_master_from_weights() {
+  cancel_speculation();
   synchronize();
   Impl& I = *impl_;
   for (Impl::RegionState& rs : I.regions) {
@@ -680,6 +843,7 @@ void AdamW::init_master_from_weights() {
 }
 
 void AdamW::load_state(std::size_t r, const float* master, const float* m, const float* v) {
+  cancel_speculation();
   synchronize();
   Impl::RegionState& rs = impl_->at(r);
   impl_->copy_in(rs.st[0], master, rs.desc.n);
@@ -688,6 +852,8 @@ void AdamW::load_state(std::size_t r, const float* master, const float* m, const
 }
 
 void AdamW::save_state(std::size_t r, float* master, float* m, float* v) const {
+  GHT_EXPECTS(impl_->spec.empty(), "AdamW::save_state: " + std::to_string(impl_->spec.size()) +
+                                       " speculated chunks wait for begin_step or cancel_speculation");
   synchronize();
   const Impl::RegionState& rs = impl_->at(r);
   impl_->copy_out(rs.st[0], master, rs.desc.n);
@@ -712,15 +878,20 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
     I.record(I.produced, producer);
     GHT_CUDA_TRY(cudaStreamWaitEvent(I.link, I.produced, 0));
     GHT_CUDA_TRY(cudaStreamWaitEvent(I.down, I.produced, 0));
-    // dma mode: this step's state reads must follow the previous step's write-backs.
-    I.record(I.step_barrier, I.down);
-    GHT_CUDA_TRY(cudaStreamWaitEvent(I.up, I.step_barrier, 0));
+    // dma mode: this step's state reads must follow the previous step's write-backs (a
+    // speculation already ordered them, and the write-backs on `down` since then are its own).
+    if (I.spec.empty()) {
+      I.record(I.step_barrier, I.down);
+      GHT_CUDA_TRY(cudaStreamWaitEvent(I.up, I.step_barrier, 0));
+    }
     if (any_dev) {
-      I.sumsq->reset(I.link);
+      // Only this step's gradients are read: wait for the producer, not for updates on `link`.
+      GHT_CUDA_TRY(cudaStreamWaitEvent(I.norm, I.produced, 0));
+      I.sumsq->reset(I.norm);
       for (const Impl::RegionState& rs : I.regions) {
-        if (rs.grad_on_device) I.sumsq->add(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.link);
+        if (rs.grad_on_device) I.sumsq->add(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.norm);
       }
-      dev_sum = I.sumsq->finish(I.link);
+      dev_sum = I.sumsq->finish(I.norm);
     }
     if (any_host) I.sync_event(I.produced);
   }
@@ -739,7 +910,10 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
   const double norm = std::sqrt(total);
   StepResult res;
   res.grad_norm = static_cast<float>(norm);
-  for (Impl::RegionState& rs : I.regions) rs.updated = false;
+  for (Impl::RegionState& rs : I.regions) {
+    rs.updated = false;
+    rs.done_ahead = false;
+  }
   I.step_open = true;
   I.stats.last_grad_norm = res.grad_norm;
   if (!std::isfinite(total)) {
@@ -749,6 +923,7 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
     res.step = I.t;
     I.stats.steps_skipped_nonfinite += 1;
     I.stats.last_clip_coef = 0;
+    I.settle_speculation(res, true);  // restore: nothing of a skipped step may stay
     return res;
   }
   double clip = 1.0;
@@ -763,8 +938,51 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
   res.step = I.t;
   I.stats.steps_taken += 1;
   I.stats.last_clip_coef = clip;
+  // The speculation assumed exactly this: coefficient 1 and the same lr (hence the same scalars).
+  I.settle_speculation(res, !(clip == 1.0 && lr == I.spec_lr));
   return res;
 }
+
+Speculation AdamW::speculate_region(std::size_t r, double lr, CUstream_st* producer) {
+  Impl& I = *impl_;
+  Impl::RegionState& rs = I.at(r);
+  GHT_EXPECTS(std::isfinite(lr) && lr >= 0, "AdamW lr must be finite and >= 0, got " + std::to_string(lr));
+  GHT_EXPECTS(I.spec.empty() || lr == I.spec_lr, "AdamW::speculate_region('" + rs.desc.name +
+                                                     "'): lr differs from this step's earlier speculation");
+  if (!I.gpu || rs.path != Path::gpu_link || !rs.grad_on_device || rs.speculated) return Speculation::ineligible;
+  if (I.spec_cap == 0 || I.spec_used + I.region_spec_bytes(rs) > I.spec_cap) return Speculation::no_room;
+#ifdef GHT_HAVE_CUDA
+  if (I.spec.empty()) {
+    I.spec_lr = lr;
+    I.spec_decay = make_step_scalars(I.opts.hyper, lr, I.t + 1, true, 1.0);
+    I.spec_plain = make_step_scalars(I.opts.hyper, lr, I.t + 1, false, 1.0);
+    // As in begin_step: this step's dma reads follow the previous step's write-backs.
+    I.record(I.step_barrier, I.down);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(I.up, I.step_barrier, 0));
+  }
+  I.record(I.spec_ready, producer);
+  GHT_CUDA_TRY(cudaStreamWaitEvent(I.link, I.spec_ready, 0));
+  const StepScalars& k = rs.desc.weight_decay ? I.spec_decay : I.spec_plain;
+  if (rs.dma) {
+    I.update_gpu_dma(rs, k, true);
+  } else {
+    I.update_gpu(rs, k, true);
+  }
+  rs.speculated = true;
+#else
+  (void)producer;
+#endif
+  return Speculation::done;
+}
+
+void AdamW::cancel_speculation() {
+  Impl& I = *impl_;
+  if (I.spec.empty()) return;
+  I.undo_speculation(false);
+  I.end_speculation();
+}
+
+std::size_t AdamW::speculate_capacity() const { return impl_->spec_cap; }
 
 void AdamW::update_region(std::size_t r) {
   Impl& I = *impl_;
@@ -772,6 +990,7 @@ void AdamW::update_region(std::size_t r) {
   GHT_EXPECTS(I.step_open, "AdamW::update_region('" + rs.desc.name + "') before begin_step");
   GHT_EXPECTS(!rs.updated, "AdamW::update_region('" + rs.desc.name + "') twice in one step");
   rs.updated = true;
+  if (rs.done_ahead) return;  // speculated; begin_step kept, recomputed or restored it
   if (I.skip) {
     for (CUevent_st* e : rs.events) I.record(e, I.link);
     return;

@@ -23,6 +23,14 @@
  * when the norm is NaN or Inf nothing is written (master, m, v, weights and the step count keep
  * every byte) and OptimizerStats::steps_skipped_nonfinite is incremented.
  *
+ * Speculation (GPU paths with host state, gradients in HBM): speculate_region() updates a region
+ * as soon as its gradients are final, before the global norm is known, assuming clip coefficient
+ * 1 and finite gradients. It first copies the chunk's master, m, v and bf16 weight into an HBM
+ * undo arena (GHT_OPT_SPECULATE bytes). begin_step() then validates: when the step is taken
+ * unclipped at the same lr, the speculative result stands; otherwise the chunk is recomputed
+ * from the saved copy with the true coefficient (or restored, when the step is skipped) and
+ * written back. Either way every byte equals the non-speculative step's.
+ *
  * GPU work is launched per chunk (GHT_OPT_CHUNK bytes of fp32 master per chunk; at most 4Mi
  * parameters per chunk in dma mode, so the copy pipeline fills quickly) and an event is
  * recorded after each chunk, so consumers (the next forward) can wait for just the layers they
@@ -105,6 +113,18 @@ struct AdamWOptions {
   std::size_t chunk_elems = 0;     ///< parameters per GPU chunk; 0: GHT_OPT_CHUNK / 4
   std::size_t staging_bytes = 0;   ///< cpu path staging bytes per slot; 0: GHT_STAGING_BYTES
   int cpu_threads = 0;             ///< 0: GHT_CPU_THREADS / cores of the host NUMA node
+  /// HBM undo arena for speculative updates; unset: GHT_OPT_SPECULATE; 0: no speculation.
+  /// Reserved at construction when some region is gpu_link, capped at free HBM minus
+  /// GHT_HBM_HEADROOM (speculation is off when less than 1 MiB would remain).
+  std::optional<std::size_t> speculate_bytes;
+};
+
+/// What speculate_region did.
+enum class Speculation {
+  done,        ///< launched; begin_step validates it
+  ineligible,  ///< this region cannot be speculated (not gpu_link, gradients not in HBM, no GPU,
+               ///< already speculated in this step)
+  no_room,     ///< the undo arena cannot hold this region (or speculation is off)
 };
 
 /// What one step did.
@@ -113,6 +133,8 @@ struct StepResult {
   double grad_norm = 0;     ///< global gradient norm before clipping (fp32-rounded)
   double clip_coef = 1;     ///< multiplier applied to every gradient
   std::int64_t step = 0;    ///< steps taken so far (bias-correction t)
+  std::size_t speculated_params = 0;  ///< parameters updated ahead of begin_step
+  bool speculation_undone = false;    ///< those were recomputed or restored (clipped, skipped, lr changed)
 };
 
 struct OptimizerStats {
@@ -120,6 +142,8 @@ struct OptimizerStats {
   std::int64_t steps_skipped_nonfinite = 0;  ///< the trainer logs this
   double last_grad_norm = 0;
   double last_clip_coef = 1;
+  std::int64_t steps_speculated = 0;     ///< steps with at least one speculated region
+  std::int64_t speculations_undone = 0;  ///< of those, steps whose speculation was undone
 };
 
 class AdamW {
@@ -167,6 +191,19 @@ class AdamW {
   /// Phase 2: update region r (GPU paths: enqueue chunks on stream(); cpu path: compute now,
   /// weights copied up asynchronously). Records the region's chunk events even when skipped.
   void update_region(std::size_t r);
+  /**
+   * @brief Update region r now, before begin_step, as if the step were taken unclipped at `lr`
+   * (see the file comment); its chunk events are recorded. Call it once the region's gradients
+   * are final in `producer`'s queue; begin_step (which must follow, with the same producer
+   * order) validates it, and update_region(r) is then a no-op. Bitwise exact either way.
+   */
+  Speculation speculate_region(std::size_t r, double lr, CUstream_st* producer);
+  /// Undo every speculated region of the open step (bytes restored exactly); nothing if none.
+  /// save_state refuses to run while a speculation waits for begin_step.
+  void cancel_speculation();
+  /// Bytes of the undo arena (0: speculation off).
+  [[nodiscard]] std::size_t speculate_capacity() const;
+
   /// begin_step, then update_region for every region in order.
   StepResult step(double lr, CUstream_st* producer = nullptr);
   /// Wait until every launched update and weight copy has finished.

@@ -17,6 +17,7 @@
 #include "optimizer/adamw_harness.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/bf16.hpp"
+#include "optimizer/gpu_mem.hpp"
 #include "tier/cuda_check.hpp"
 
 namespace ght::optimizer {
@@ -24,40 +25,9 @@ namespace {
 
 using test::Case;
 
-struct DeviceMem final : test::Mem {
-  void* alloc(std::size_t bytes) override {
-    void* p = nullptr;
-    GHT_CUDA_TRY(cudaMalloc(&p, bytes));
-    return p;
-  }
-  void release(void* p) override { (void)cudaFree(p); }
-  void upload(void* dst, const void* src, std::size_t bytes) override {
-    GHT_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // pageable copies may still be in flight
-  }
-  void download(void* dst, const void* src, std::size_t bytes) override {
-    GHT_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
-  }
-};
-
-struct PinnedMem final : test::Mem {
-  void* alloc(std::size_t bytes) override {
-    void* p = nullptr;
-    GHT_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
-    return p;
-  }
-  void release(void* p) override { (void)cudaFreeHost(p); }
-};
-
-AdamWOptions options(PathChoice p, std::size_t chunk = 0, std::size_t staging = 0,
-                     LinkMode mode = LinkMode::zero_copy) {
-  AdamWOptions o;
-  o.path = p;
-  o.chunk_elems = chunk;
-  o.staging_bytes = staging;
-  o.link_mode = mode;
-  return o;
-}
+using test::DeviceMem;
+using test::options;
+using test::PinnedMem;
 
 // ---- bf16 ----------------------------------------------------------------------------------
 

@@ -223,5 +223,22 @@ TEST(AdamWOptions, StepPhasesAreChecked) {
   }
 }
 
+TEST(AdamWOptions, SpeculationIsAGpuLinkFeature) {
+  // The cpu path never speculates and reserves no undo arena; the update is the plain one.
+  std::vector<float> g(64, 0.5f);
+  AdamWOptions o = cpu_options();
+  o.speculate_bytes = std::size_t{1} << 30;
+  AdamW opt({Region{"a", 64, true, nullptr, g.data(), GradType::fp32}}, o);
+  EXPECT_EQ(opt.speculate_capacity(), 0u);
+  EXPECT_EQ(opt.speculate_region(0, 1e-3, nullptr), Speculation::ineligible);
+  EXPECT_THROW((void)opt.speculate_region(0, -1.0, nullptr), ght::logic_error);  // bad lr named
+  opt.cancel_speculation();  // nothing open: a no-op
+  const StepResult res = opt.step(1e-3);
+  EXPECT_TRUE(res.taken);
+  EXPECT_EQ(res.speculated_params, 0u);
+  EXPECT_FALSE(res.speculation_undone);
+  EXPECT_EQ(opt.stats().steps_speculated, 0);
+}
+
 }  // namespace
 }  // namespace ght::optimizer

@@ -27,6 +27,7 @@
 
 #include "common/gpu.hpp"
 #include "optimizer/bf16.hpp"
+#include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/cuda/train_cuda.hpp"
@@ -516,6 +517,71 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
     ASSERT_TRUE(lr.loss.count(step)) << "step " << step;
     EXPECT_NEAR(lr.loss.at(step), lg.loss.at(step), 1e-3 * lg.loss.at(step)) << "step " << step;
   }
+}
+
+// step -> (speculated_params, speculation_undone) from a run's profile.json.
+std::map<std::int64_t, std::pair<std::size_t, bool>> read_speculation(const std::string& run_dir) {
+  std::map<std::int64_t, std::pair<std::size_t, bool>> m;
+  std::ifstream pf(run_dir + "/profile.json");
+  if (!pf.good()) {
+    ADD_FAILURE() << run_dir << "/profile.json is missing";
+    return m;
+  }
+  const auto pj = nlohmann::json::parse(pf);  // named: a range-for over a temporary's member dangles
+  for (const auto& st : pj.at("steps")) {
+    m[st.at("step").get<std::int64_t>()] = {st.at("speculated_params").get<std::size_t>(),
+                                            st.at("speculation_undone").get<bool>()};
+  }
+  return m;
+}
+
+// Updates launched during the last backward (AdamW::speculate_region) change nothing: the same
+// run with GHT_OPT_SPECULATE=0 gives the same losses. Unclipped, every step keeps its
+// speculation; with clipping on every step, the first step's is undone and no more are tried.
+TEST(CudaTrain, SpeculativeUpdatesDuringBackwardChangeNothing) {
+  GHT_REQUIRE_GPU();
+  TempDir tmp;
+  write_random_corpus(tmp.str("data"));
+  TrainRunOptions run;
+  run.quiet = true;
+  run.profile_steps = 6;
+  auto& reg = config::cfg();
+  const std::string saved_spec = reg.text(config::Key::GHT_OPT_SPECULATE);
+  const std::string saved_opt = reg.text(config::Key::GHT_OPTIMIZER);
+  reg.set_flag("GHT_OPTIMIZER", "gpu_link");  // host state: the path that speculates
+  auto train_with = [&](const std::string& name, const std::string& spec, double max_norm) {
+    reg.set_flag("GHT_OPT_SPECULATE", spec);
+    TrainConfig c = small_run_config(tmp.str("data"), tmp.str(name));
+    c.backend = "cuda";
+    c.adam.max_grad_norm = max_norm;
+    (void)train_cuda(c, run);
+    return read_log(tmp.str(name));
+  };
+  const RunLog off = train_with("off", "0", 0.0);
+  const RunLog on = train_with("on", "64MiB", 0.0);
+  const RunLog clipped = train_with("clipped", "64MiB", 1e-3);
+  reg.set_flag("GHT_OPT_SPECULATE", saved_spec);
+  reg.set_flag("GHT_OPTIMIZER", saved_opt);
+
+  ASSERT_EQ(on.loss.size(), 6u);
+  for (const auto& [step, loss] : off.loss) {
+    ASSERT_TRUE(on.loss.count(step)) << "step " << step;
+    // Bitwise-equal updates; the losses still differ by cuDNN's atomic dQ accumulation.
+    EXPECT_NEAR(on.loss.at(step), loss, 1e-3 * loss) << "step " << step;
+  }
+  const auto spec_on = read_speculation(tmp.str("on")), spec_off = read_speculation(tmp.str("off"));
+  const auto spec_clipped = read_speculation(tmp.str("clipped"));
+  ASSERT_EQ(spec_on.size(), 6u);
+  for (const auto& [step, sp] : spec_on) {
+    EXPECT_GT(sp.first, 0u) << "step " << step << ": nothing was speculated";
+    EXPECT_FALSE(sp.second) << "step " << step << ": an unclipped step undid its speculation";
+    EXPECT_EQ(spec_off.at(step).first, 0u) << "GHT_OPT_SPECULATE=0 still speculated";
+  }
+  ASSERT_EQ(spec_clipped.size(), 6u);
+  EXPECT_GT(spec_clipped.at(1).first, 0u);
+  EXPECT_TRUE(spec_clipped.at(1).second) << "a clipped step kept its speculation";
+  for (std::int64_t step = 2; step <= 6; ++step) EXPECT_EQ(spec_clipped.at(step).first, 0u) << "step " << step;
+  EXPECT_LT(clipped.loss.at(6), clipped.loss.at(1));  // it still learns
 }
 
 }  // namespace
