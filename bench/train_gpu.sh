@@ -120,6 +120,16 @@ bench hbm "everything in HBM (GHT_OPTIMIZER=device)" GHT_OPTIMIZER=device --
 bench host_ga16 "state on the host, 16 micro-batches per step (4x the tokens per PCIe update)" -- \
   -o model.grad_accum=16 -o train.steps=4
 # Expert GEMM A/B in the full model (everything in HBM, 4 steps each)
+# Speculative updates during the last backward (GHT_OPT_SPECULATE): A/B without clipping (the
+# random-token bench clips every step, which turns speculation off after step 1), with 4
+# micro-batches per step and with 1 (whole backward as the window; a larger undo arena).
+bench host_noclip "state on the host, no clipping, speculation on (default arena)" -- -o optimizer.max_grad_norm=0
+bench host_noclip_nospec "state on the host, no clipping, speculation off" GHT_OPT_SPECULATE=0 -- \
+  -o optimizer.max_grad_norm=0
+bench host_ga1_noclip "state on the host, no clipping, 1 micro-batch of 4, speculation with a 24 GiB arena" \
+  GHT_OPT_SPECULATE=24GiB -- -o optimizer.max_grad_norm=0 -o model.micro_batch=4 -o model.grad_accum=1
+bench host_ga1_noclip_nospec "state on the host, no clipping, 1 micro-batch of 4, speculation off" \
+  GHT_OPT_SPECULATE=0 -- -o optimizer.max_grad_norm=0 -o model.micro_batch=4 -o model.grad_accum=1
 bench hbm_loop "everything in HBM, expert GEMMs cublaslt_loop" GHT_OPTIMIZER=device GHT_EXPERT_GEMM=cublaslt_loop -- \
   -o train.steps=4
 bench hbm_streams "everything in HBM, expert GEMMs cublaslt_streams" GHT_OPTIMIZER=device \
@@ -128,7 +138,7 @@ fi
 
 # ---- report --------------------------------------------------------------------------------
 note "summary"
-PARTS="$PARTS" python3 - "$RUNS" "${tiny_log:-}" "$RES" <<'EOF'
+BENCH_RUNS="${TRAIN_BENCH_RUNS:-host hbm host_ga16}" PARTS="$PARTS" python3 - "$RUNS" "${tiny_log:-}" "$RES" <<'EOF'
 import json, os, sys
 runs, tiny_log, res = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -199,21 +209,21 @@ if "learn" in parts:
         ok = False
 if "bench" in parts:
     print()
-    print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | link GB h2d/d2h |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in ("bench_host", "bench_hbm", "bench_host_ga16", "bench_hbm_loop", "bench_hbm_streams"):
+    print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | speculated M params | link GB h2d/d2h |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in ["bench_" + n for n in os.environ["BENCH_RUNS"].split()]:
         path = f"{res}/train_{name}_profile.json"
         try:
             p = json.load(open(path))
         except (OSError, ValueError):
-            print(f"| {name} | missing | | | | | | | |")
+            print(f"| {name} | missing | | | | | | | | |")
             ok = False
             continue
         m = p["median_excluding_first_step"]
         summary[name] = m
         print(f"| {name} | {100 * m['mfu']:.1f}% | {m['tokens_per_s']:.0f} | {m['wall_ms']:.0f} | {m['forward_ms']:.0f} | "
               f"{m['backward_ms']:.0f} | {m['opt_exposed_ms']:.0f} | {m['opt_update_ms']:.0f} | "
-              f"{m['link_gb_h2d']:.1f}/{m['link_gb_d2h']:.1f} |")
+              f"{m.get('speculated_params', 0) / 1e6:.0f} | {m['link_gb_h2d']:.1f}/{m['link_gb_d2h']:.1f} |")
     if "bench_host" in summary and "bench_hbm" in summary and summary["bench_hbm"]["mfu"] > 0:
         tax = 1 - summary["bench_host"]["mfu"] / summary["bench_hbm"]["mfu"]
         summary["offload_tax"] = tax

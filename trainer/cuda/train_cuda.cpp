@@ -178,6 +178,9 @@ struct StepProfile {
   double wall_ms = 0, forward_ms = 0, backward_ms = 0, opt_stall_ms = 0, step_gap_ms = 0,
          opt_exposed_ms = 0, opt_host_ms = 0, grad_stream_host_ms = 0, mfu = 0, tokens_per_s = 0,
          h2d_gb = 0, d2h_gb = 0;
+  std::size_t speculated_params = 0;  // updated during the last backward, before the grad norm
+  double spec_host_ms = 0;            // host time spent launching those updates
+  bool speculation_undone = false;    // ...and recomputed or restored after it
   std::optional<double> prev_opt_update_ms;
   [[nodiscard]] nlohmann::ordered_json json() const {
     nlohmann::ordered_json j = {{"step", step},
@@ -192,7 +195,10 @@ struct StepProfile {
                                 {"mfu", mfu},
                                 {"tokens_per_s", tokens_per_s},
                                 {"link_gb_h2d", h2d_gb},
-                                {"link_gb_d2h", d2h_gb}};
+                                {"link_gb_d2h", d2h_gb},
+                                {"speculated_params", speculated_params},
+                                {"spec_host_ms", spec_host_ms},
+                                {"speculation_undone", speculation_undone}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
     return j;
   }
@@ -255,6 +261,7 @@ class CudaRun {
   void before_unit_forward(int u);
   void after_unit_backward(int u);
   void stream_unit(int u);
+  void speculate_unit(int u);
 
   TrainConfig cfg_;
   TrainRunOptions run_;
@@ -282,6 +289,9 @@ class CudaRun {
   bool training_ = false;
   bool opt_launched_ = false;
   int micro_ = 0;
+  double step_lr_ = 0;
+  double spec_host_ms_ = 0;
+  bool speculate_now_ = false;  // this step's last backward launches updates as units finish
   int pending_unit_ = -1;
   double stream_host_ms_ = 0;
   std::unique_ptr<StepEvents> ev_[2];
@@ -445,6 +455,15 @@ void CudaRun::setup() {
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
+  if (opt_->speculate_capacity() > 0 && !stream_grads_) {
+    say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
+        config::format_bytes(opt_->speculate_capacity()) +
+        " HBM undo arena (GHT_OPT_SPECULATE); a clipped or skipped step undoes them exactly");
+  } else {
+    say(std::string("optimizer: updates start after backward (") +
+        (stream_grads_ ? "gradients streamed to the host" : "no gpu_link region, or GHT_OPT_SPECULATE=0 / no HBM left") +
+        ")");
+  }
   int rc = 0;
   for (bool b : recompute_) rc += b ? 1 : 0;
   say("activations: " + std::to_string(rc) + " of " + std::to_string(mc.layers) + " layers recomputed");
@@ -513,12 +532,27 @@ void CudaRun::before_unit_forward(int u) {
 }
 
 void CudaRun::after_unit_backward(int u) {
-  if (!training_ || !stream_grads_) return;
+  if (!training_) return;
+  if (speculate_now_ && micro_ == cfg_.model.grad_accum - 1) speculate_unit(u);
+  if (!stream_grads_) return;
   unit_done_[static_cast<std::size_t>(u)].record(model_->stream());
   // One unit behind: the accumulator blocks the host until the unit's gradients are added, so
   // the next unit's backward must already be queued to keep the GPU busy meanwhile.
   if (pending_unit_ >= 0) stream_unit(pending_unit_);
   pending_unit_ = u;
+}
+
+// The unit's gradients are final: update its regions now, over the rest of backward. The
+// optimizer validates this in begin_step (exact: undone when the step clips or skips).
+void CudaRun::speculate_unit(int u) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::size_t r : unit_regions_[static_cast<std::size_t>(u)]) {
+    if (opt_->speculate_region(r, step_lr_, model_->stream()) == optimizer::Speculation::no_room) {
+      speculate_now_ = false;  // the undo arena is full for this step
+      break;
+    }
+  }
+  spec_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void CudaRun::stream_unit(int u) {
@@ -543,8 +577,13 @@ void CudaRun::step_once() {
   cur_ = ev_[step_ % 2].get();  // prev_ is the other set: the previous step's events
   std::fill(cur_->waited.begin(), cur_->waited.end(), false);
   stream_host_ms_ = 0;
+  spec_host_ms_ = 0;
 
   training_ = true;
+  step_lr_ = lr_at(cfg_.schedule, step_);
+  // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
+  // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
+  speculate_now_ = opt_->speculate_capacity() > 0 && opt_->stats().last_clip_coef == 1.0;
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63).
@@ -569,7 +608,8 @@ void CudaRun::step_once() {
   training_ = false;
 
   // ---- the optimizer: every gradient is final ----
-  const double lr = lr_at(cfg_.schedule, step_);
+  const double lr = step_lr_;
+  speculate_now_ = false;
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
   const bool gpu_opt = opt_->stream() != nullptr;
@@ -622,6 +662,9 @@ void CudaRun::step_once() {
   p.mfu = mc.flops_per_token() * tokens / dt / kPeakFlops;
   p.h2d_gb = sr.taken ? link_h2d_per_step_ / 1e9 : 0;
   p.d2h_gb = sr.taken ? link_d2h_per_step_ / 1e9 : 0;
+  p.speculated_params = sr.speculated_params;
+  p.speculation_undone = sr.speculation_undone;
+  p.spec_host_ms = spec_host_ms_;
   if (step_ == summary_.first_step + 1) {
     log_->print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
   }
@@ -654,6 +697,10 @@ void CudaRun::step_once() {
                        fmt("%.1f", p.opt_stall_ms) + ", gap " + fmt("%.1f", p.step_gap_ms) + ")";
     if (p.prev_opt_update_ms) line += " | opt update " + fmt("%.1f", *p.prev_opt_update_ms) + " ms";
     if (stream_grads_) line += " | grad stream host " + fmt("%.1f", p.grad_stream_host_ms) + " ms";
+    if (p.speculated_params > 0) {
+      line += " | speculated " + fmt("%.1f", static_cast<double>(p.speculated_params) / 1e6) + "M params" +
+              (p.speculation_undone ? " (undone)" : "") + ", launch " + fmt("%.1f", p.spec_host_ms) + " ms";
+    }
     log_->print(line);
   }
   summary_.last_loss = loss;
@@ -728,7 +775,11 @@ void CudaRun::write_profile() {
       {"step_gap_ms", "compute stream idle between the previous step's last backward and this step's first forward "
                       "(grad-norm, update launch, host work)"},
       {"opt_exposed_ms", "opt_stall_ms + step_gap_ms"},
-      {"prev_opt_update_ms", "optimizer stream duration of the previous step's update (overlapped or not)"},
+      {"prev_opt_update_ms", "optimizer stream duration of the previous step's update after its grad norm "
+                             "(speculated regions, updated during backward, are not in it)"},
+      {"speculated_params", "parameters updated during the last backward, before the grad norm (GHT_OPT_SPECULATE)"},
+      {"spec_host_ms", "host time spent launching the speculative updates (the backward waits for it)"},
+      {"speculation_undone", "the step clipped or was skipped, so those updates were recomputed or restored"},
       {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"}};
   nlohmann::ordered_json pl;
   pl["placement"] = placement_.why;
@@ -740,7 +791,7 @@ void CudaRun::write_profile() {
   pl["recomputed_layers"] = rc;
   j["placement"] = pl;
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
-  std::vector<double> fw, bw, ex, wall, mfu, tps, upd;
+  std::vector<double> fw, bw, ex, wall, mfu, tps, upd, spec;
   for (const auto& p : profile_) {
     steps.push_back(p.json());
     if (&p == &profile_.front() && profile_.size() > 1) continue;  // warm-up step
@@ -751,12 +802,14 @@ void CudaRun::write_profile() {
     mfu.push_back(p.mfu);
     tps.push_back(p.tokens_per_s);
     if (p.prev_opt_update_ms) upd.push_back(*p.prev_opt_update_ms);
+    spec.push_back(static_cast<double>(p.speculated_params));
   }
   j["median_excluding_first_step"] = {{"wall_ms", median(wall)},   {"forward_ms", median(fw)},
                                       {"backward_ms", median(bw)}, {"opt_exposed_ms", median(ex)},
                                       {"opt_update_ms", median(upd)}, {"mfu", median(mfu)},
                                       {"tokens_per_s", median(tps)}, {"link_gb_h2d", link_h2d_per_step_ / 1e9},
-                                      {"link_gb_d2h", link_d2h_per_step_ / 1e9}};
+                                      {"link_gb_d2h", link_d2h_per_step_ / 1e9},
+                                      {"speculated_params", median(spec)}};
   j["steps"] = steps;
   fs::create_directories(cfg_.out);
   write_text_atomic((fs::path(cfg_.out) / "profile.json").string(), j.dump(2) + "\n");
