@@ -26,7 +26,7 @@
  * Speculation (GPU paths with host state, gradients in HBM): speculate_region() updates a region
  * as soon as its gradients are final, before the global norm is known, assuming clip coefficient
  * 1 and finite gradients. It first copies the chunk's master, m, v and bf16 weight into an HBM
- * undo arena (GHT_OPT_SPECULATE bytes). begin_step() then validates: when the step is taken
+ * undo arena (GHT_OPT_SPECULATE bytes; off by default). begin_step() then validates: when the step is taken
  * unclipped at the same lr, the speculative result stands; otherwise the chunk is recomputed
  * from the saved copy with the true coefficient (or restored, when the step is skipped) and
  * written back. Either way every byte equals the non-speculative step's.

@@ -15,7 +15,9 @@
  *    non-finite guard need every gradient, so the updates are launched right after the last
  *    backward, in forward order, on the optimizer's stream; the next step's forward waits per
  *    unit (embedding, each layer, final norm/head) only for that unit's regions, and zeroes
- *    that unit's gradients there, so the update overlaps the next forward.
+ *    that unit's gradients there, so the update overlaps the next forward. With
+ *    GHT_OPT_SPECULATE set, each unit's update is launched during the last backward instead, as
+ *    soon as its gradients are final, and begin_step keeps it or undoes it exactly.
  *
  * Per step it logs loss, grad norm, lr, tokens/s, MFU (formula printed once) and link GB each
  * way, and writes a forward / backward / exposed-optimizer breakdown (CUDA events) per step to
