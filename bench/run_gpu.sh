@@ -5,6 +5,9 @@
 #   source .deps/env.sh && bench/run_gpu.sh [STAGE ...]
 # Stages (default: all, in this order):
 #   build probe test sanitizer torch interop bench-alloc bench-opt bench-kernels train
+# Opt-in stage (not in the default list): trace, an nsys trace of 3 bench-h200 steps with the state
+# on the host, no clipping, one micro-batch of 4 and speculative updates (TRACE_SPECULATE, default
+# 24GiB; 0 for the plain step), with `nsys stats` summaries in $OUT/trace_stats.txt.
 # Output: everything goes to stdout and to $OUT/run.log (or build-gpu/run.log without $OUT);
 # JSON results are collected into $OUT/results.tgz. GPU tests run with GHT_TEST_REQUIRE_GPU=1, so
 # a missing device fails them instead of skipping.
@@ -86,11 +89,28 @@ if want train; then
   [ -f bench/train_gpu.sh ] && run_stage train bash bench/train_gpu.sh "$ght" "$res"
 fi
 
+if want trace; then
+  trace() {
+    command -v nsys >/dev/null || { echo "nsys not found on this machine"; return 1; }
+    bash bench/make_bench_data.sh "$ght" || return 1
+    GHT_SAVE_CHECKPOINTS=off GHT_OPT_SPECULATE=${TRACE_SPECULATE:-24GiB} nsys profile -t cuda,osrt \
+      -o "$out/trace" --force-overwrite true "$ght" train --config configs/bench-h200.toml \
+      --out build-gpu/train-runs/trace --backend cuda -o train.steps=3 -o optimizer.max_grad_norm=0 \
+      -o model.micro_batch=4 -o model.grad_accum=1 || return 1
+    nsys stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv -o "$out/trace_stats" \
+      "$out/trace.nsys-rep" >/dev/null 2>&1
+    nsys stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum "$out/trace.nsys-rep" \
+      > "$out/trace_stats.txt" 2>&1
+    head -60 "$out/trace_stats.txt"
+  }
+  run_stage trace trace
+fi
+
 tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train; do
+for s in build probe test sanitizer torch interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done

@@ -83,20 +83,7 @@ fi
 if want bench; then
 rm -rf "$RUNS"/bench-*
 note "random uint32 tokens for bench-h200 (vocab 151936)"
-if [ ! -f build/data/bench-rand/prep.json ]; then
-  python3 - <<'EOF' || fail=1
-import array, os, random
-os.makedirs("build/data", exist_ok=True)
-try:
-    import numpy as np
-    np.random.default_rng(0).integers(0, 151936, size=1 << 20, dtype=np.uint32).tofile("build/data/bench-rand.u32")
-except ImportError:
-    r = random.Random(0)
-    array.array("I", (r.randrange(151936) for _ in range(1 << 20))).tofile(open("build/data/bench-rand.u32", "wb"))
-EOF
-  "$GHT" prep --from-tokens build/data/bench-rand.u32 --dtype uint32 --vocab 151936 --out build/data/bench-rand \
-    --val-fraction 0.1 --overwrite --quiet || fail=1
-fi
+bash bench/make_bench_data.sh "$GHT" || fail=1
 
 # bench NAME DESCRIPTION [VAR=VALUE ...] -- [ght train args...]: one throughput run, when NAME is in
 # TRAIN_BENCH_RUNS (default: host hbm host_ga16). Results: $RES/train_bench_NAME{.log,_profile.json}.
