@@ -583,7 +583,8 @@ void CudaRun::step_once() {
   step_lr_ = lr_at(cfg_.schedule, step_);
   // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
   // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
-  speculate_now_ = opt_->speculate_capacity() > 0 && opt_->stats().last_clip_coef == 1.0;
+  // Streamed gradients live on the host, where speculate_region cannot use them.
+  speculate_now_ = opt_->speculate_capacity() > 0 && !stream_grads_ && opt_->stats().last_clip_coef == 1.0;
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63).
