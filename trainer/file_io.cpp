@@ -108,13 +108,12 @@ void atomic_write(const std::string& path, std::string_view content) {
   fsync_dir(std::filesystem::path(path).parent_path().string());
 }
 
-std::string read_all(const std::string& path) {
+namespace {
+// Read the whole file in buf-sized pieces, handing each to fn(data, bytes).
+template <class Fn>
+void read_chunks(const std::string& path, std::vector<char>& buf, Fn&& fn) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, "cannot open file");
-  std::string out;
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
-  std::vector<char> buf(1 << 20);
   for (;;) {
     const ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0) {
@@ -125,32 +124,29 @@ std::string read_all(const std::string& path) {
       fail(path, "read failed");
     }
     if (n == 0) break;
-    out.append(buf.data(), static_cast<std::size_t>(n));
+    fn(buf.data(), static_cast<std::size_t>(n));
   }
   ::close(fd);
+}
+}  // namespace
+
+std::string read_all(const std::string& path) {
+  std::string out;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
+  std::vector<char> buf(1 << 20);
+  read_chunks(path, buf, [&](const char* d, std::size_t n) { out.append(d, n); });
   return out;
 }
 
 std::uint64_t xxh3_file(const std::string& path, std::uint64_t* size) {
   Xxh3 h;
   std::vector<char> buf(4 << 20);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, "cannot open file");
   std::uint64_t total = 0;
-  for (;;) {
-    const ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      errno = e;
-      fail(path, "read failed");
-    }
-    if (n == 0) break;
-    h.update(buf.data(), static_cast<std::size_t>(n));
-    total += static_cast<std::uint64_t>(n);
-  }
-  ::close(fd);
+  read_chunks(path, buf, [&](const char* d, std::size_t n) {
+    h.update(d, n);
+    total += n;
+  });
   if (size != nullptr) *size = total;
   return h.digest();
 }
