@@ -501,19 +501,14 @@ struct AdamW::Impl {
       RegionState& rs = regions[sc.region];
       const std::size_t pad = spec_pad(sc.count);
       float* saved[3] = {sc.save, sc.save + pad, sc.save + 2 * pad};
-      bf16* weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + sc.off : nullptr;
+      AdamWSpan s = span(rs, sc.off, sc.count, true);  // this chunk's gradient and weight
       if (redo) {
-        AdamWSpan s;
         s.master = saved[0];
         s.m = saved[1];
         s.v = saved[2];
-        s.grad = static_cast<const unsigned char*>(rs.grad_dev) + sc.off * grad_type_size(rs.desc.grad_type);
-        s.grad_type = rs.desc.grad_type;
-        s.weight = weight;
-        s.n = sc.count;
         adamw_gpu(s, rs.desc.weight_decay ? k_decay : k_plain, link);
-      } else if (weight != nullptr) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(weight, sc.save + 3 * pad, sc.count * sizeof(bf16), cudaMemcpyDefault, link));
+      } else if (s.weight != nullptr) {
+        GHT_CUDA_TRY(cudaMemcpyAsync(s.weight, sc.save + 3 * pad, sc.count * sizeof(bf16), cudaMemcpyDefault, link));
       }
       for (int i = 0; i < 3; ++i) {
         void* dst = rs.st[i].host != nullptr ? rs.st[i].host : rs.st[i].device;
