@@ -27,18 +27,21 @@ Usage usage_counters::Counter::load() const noexcept {
 void usage_counters::on_allocate(TierKind tier, TensorClass cls, std::uint64_t bytes) noexcept {
   tiers_[static_cast<std::size_t>(tier)].add(bytes);
   classes_[static_cast<std::size_t>(cls)].add(bytes);
+  cells_[cell_index(tier, cls)].add(bytes);
   all_.add(bytes);
 }
 
 void usage_counters::on_deallocate(TierKind tier, TensorClass cls, std::uint64_t bytes) noexcept {
   tiers_[static_cast<std::size_t>(tier)].sub(bytes);
   classes_[static_cast<std::size_t>(cls)].sub(bytes);
+  cells_[cell_index(tier, cls)].sub(bytes);
   all_.sub(bytes);
 }
 
 void usage_counters::undo_deallocate(TierKind tier, TensorClass cls, std::uint64_t bytes) noexcept {
   tiers_[static_cast<std::size_t>(tier)].current.fetch_add(bytes, std::memory_order_relaxed);
   classes_[static_cast<std::size_t>(cls)].current.fetch_add(bytes, std::memory_order_relaxed);
+  cells_[cell_index(tier, cls)].current.fetch_add(bytes, std::memory_order_relaxed);
   all_.current.fetch_add(bytes, std::memory_order_relaxed);
 }
 
@@ -49,6 +52,9 @@ Usage usage_counters::cls(TensorClass c) const noexcept {
   return classes_[static_cast<std::size_t>(c)].load();
 }
 Usage usage_counters::all() const noexcept { return all_.load(); }
+Usage usage_counters::cell(TierKind t, TensorClass c) const noexcept {
+  return cells_[cell_index(t, c)].load();
+}
 
 std::string usage_counters::to_json() const { return detail::counters_json(*this).dump(); }
 
@@ -64,11 +70,17 @@ nlohmann::json counters_json(const usage_counters& c) {
     tiers[std::string(to_string(tk))] = usage_json(c.tier(tk));
   }
   nlohmann::json classes = nlohmann::json::object();
+  nlohmann::json cells = nlohmann::json::object();
   for (int k = 0; k < kNumTensorClasses; ++k) {
     const auto ck = static_cast<TensorClass>(k);
     classes[std::string(to_string(ck))] = usage_json(c.cls(ck));
+    for (int t = 0; t < kNumTiers; ++t) {
+      const auto tk = static_cast<TierKind>(t);
+      const Usage u = c.cell(tk, ck);
+      if (u.count > 0) cells[std::string(to_string(tk))][std::string(to_string(ck))] = usage_json(u);
+    }
   }
-  return {{"all", usage_json(c.all())}, {"tiers", tiers}, {"classes", classes}};
+  return {{"all", usage_json(c.all())}, {"tiers", tiers}, {"classes", classes}, {"tier_classes", cells}};
 }
 }  // namespace detail
 

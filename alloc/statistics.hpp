@@ -33,8 +33,11 @@ class usage_counters {
   [[nodiscard]] Usage tier(TierKind t) const noexcept;
   [[nodiscard]] Usage cls(TensorClass c) const noexcept;
   [[nodiscard]] Usage all() const noexcept;
-  /// {"all": {...}, "tiers": {"hbm": {...}, ...}, "classes": {"weight": {...}, ...}}, each
-  /// {"current", "peak", "total", "count"} in bytes and allocations.
+  /// One class on one tier (its peak is that cell's own peak).
+  [[nodiscard]] Usage cell(TierKind t, TensorClass c) const noexcept;
+  /// {"all": {...}, "tiers": {"hbm": {...}, ...}, "classes": {"weight": {...}, ...},
+  /// "tier_classes": {"hbm": {"weight": {...}}, ...}}, each {"current", "peak", "total",
+  /// "count"} in bytes and allocations; tier_classes lists only cells that were ever used.
   [[nodiscard]] std::string to_json() const;
 
  private:
@@ -46,7 +49,11 @@ class usage_counters {
   };
   std::array<Counter, kNumTiers> tiers_;
   std::array<Counter, kNumTensorClasses> classes_;
+  std::array<Counter, kNumTiers * kNumTensorClasses> cells_;
   Counter all_;
+  static constexpr std::size_t cell_index(TierKind t, TensorClass c) noexcept {
+    return static_cast<std::size_t>(t) * kNumTensorClasses + static_cast<std::size_t>(c);
+  }
 };
 
 /// Counts what passes through to the upstream resource; only successful calls are counted.

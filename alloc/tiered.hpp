@@ -128,6 +128,11 @@ class tiered_allocator final : public memory_resource {
   [[nodiscard]] TierReport report(TierKind t) const;
   [[nodiscard]] Usage class_usage(TensorClass c) const noexcept { return usage_.cls(c); }
   [[nodiscard]] Usage total_usage() const noexcept { return usage_.all(); }
+  [[nodiscard]] Usage tier_usage(TierKind t) const noexcept { return usage_.tier(t); }
+  /// One class on one tier: where the plan's state, gradients and activations actually went.
+  [[nodiscard]] Usage tier_class_usage(TierKind t, TensorClass c) const noexcept {
+    return usage_.cell(t, c);
+  }
   [[nodiscard]] std::uint64_t spill_count() const noexcept { return spills_.load(); }
   [[nodiscard]] bool spill_enabled() const noexcept { return spill_; }
   /// Statistics: per tier (usage, budget, largest free, spills), per class, overall, spills.

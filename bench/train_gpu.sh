@@ -3,8 +3,8 @@
 #
 #   bash bench/train_gpu.sh GHT_BIN RESULTS_DIR        (bench/run_gpu.sh stage `train`)
 #
-# 1. Learning: `small` for 300 steps on the demo corpus on the GPU with master/m/v on the host
-#    (the default placement), next to the CPU backend's first 20 steps on the same seed and data
+# 1. Learning: `small` for 300 steps on the demo corpus on the GPU where its plan places it
+#    (everything fits in HBM), next to the CPU backend's first 20 steps on the same seed and data
 #    (same configs/small.toml, --stop-at 20 so the LR schedule is identical). Checks: the first 20
 #    losses track the CPU's within bf16 noise (steps 1-10 within 2e-3; steps 11-20 within
 #    max(2%, twice the spread between two GPU runs that differ only in the attention kernel),
@@ -12,9 +12,12 @@
 #    reused from runs/tiny-demo when present).
 # 2. Plan-driven modes: 20 steps of `small` with GHT_PLACE streaming gradients to the host
 #    accumulator and recomputing every layer's activations; same check against the CPU curve.
-# 3. Throughput: configs/bench-h200.toml (the seed's layer shape, 10 layers, 5.85B params) for a
-#    few steps with master/m/v in host memory, then with everything in HBM (GHT_OPTIMIZER=device):
-#    MFU, tokens/s and the forward / backward / exposed-optimizer breakdown (profile.json).
+# 3. Throughput and placement: configs/bench-h200.toml (the seed's layer shape, 10 layers, 5.85B
+#    params) for a few steps as the plan places it with no GHT_* set, with everything in HBM
+#    (GHT_OPTIMIZER=device), with master/m/v on the host (GHT_PLACE), under GHT_HBM_BUDGET=60GiB,
+#    and at 14 layers (7.94B, does not fit in HBM with all its state): MFU, tokens/s, the forward /
+#    backward / exposed-optimizer breakdown, and the plan's predicted bytes per tier next to the
+#    allocator's measured peak (profile.json "placement").
 # Everything lands in RESULTS_DIR (logs, profile JSONs, train_gpu_summary.json). Runtime: about
 # 5 minutes (mostly the 5.85B-parameter initialisation, done twice). Knobs: TRAIN_RUNS_DIR (run
 # directories, default build-gpu/train-runs), TINY_DEMO_STEPS (default 1500).
@@ -86,13 +89,13 @@ note "random uint32 tokens for bench-h200 (vocab 151936)"
 bash bench/make_bench_data.sh "$GHT" || fail=1
 
 # bench NAME DESCRIPTION [VAR=VALUE ...] -- [ght train args...]: one throughput run, when NAME is in
-# TRAIN_BENCH_RUNS (default: host hbm host_ga16). Results: $RES/train_bench_NAME{.log,_profile.json}.
+# TRAIN_BENCH_RUNS (default: default hbm host budget60 layers14). Results: $RES/train_bench_NAME{.log,_profile.json}.
 bench() {
   local name=$1 what=$2; shift 2
   local envs=()
   while [ "$1" != "--" ]; do envs+=("$1"); shift; done
   shift
-  [[ " ${TRAIN_BENCH_RUNS:-host hbm host_ga16} " == *" $name "* ]] || return 0
+  [[ " ${TRAIN_BENCH_RUNS:-default hbm host budget60 layers14} " == *" $name "* ]] || return 0
   note "bench-h200: $what"
   (
     export GHT_SAVE_CHECKPOINTS=off
@@ -102,20 +105,26 @@ bench() {
   ) || fail=1
   cp "$RUNS/bench-$name/profile.json" "$RES/train_bench_${name}_profile.json" 2>/dev/null
 }
-bench host "master/m/v in host memory (mapped pinned), updated over PCIe by the GPU" --
+bench default "no GHT_* set: the plan decides (everything fits in HBM)" --
 bench hbm "everything in HBM (GHT_OPTIMIZER=device)" GHT_OPTIMIZER=device --
-bench host_ga16 "state on the host, 16 micro-batches per step (4x the tokens per PCIe update)" -- \
+bench host "master/m/v in host memory (GHT_PLACE, mapped pinned), updated over PCIe by the GPU" \
+  "GHT_PLACE=master=host,adam_*=host" --
+bench budget60 "GHT_HBM_BUDGET=60GiB: the plan moves part of the state to the host" GHT_HBM_BUDGET=60GiB --
+bench layers14 "14 layers (7.94B): does not fit in HBM with its state; the plan's mixed placement" -- \
+  -o model.layers=14 -o train.steps=4
+bench host_ga16 "state on the host, 16 micro-batches per step (4x the tokens per PCIe update)" \
+  "GHT_PLACE=master=host,adam_*=host" -- \
   -o model.grad_accum=16 -o train.steps=4
 # Expert GEMM A/B in the full model (everything in HBM, 4 steps each)
 # Speculative updates during the last backward (GHT_OPT_SPECULATE): A/B without clipping (the
 # random-token bench clips every step, which turns speculation off after step 1), with 4
 # micro-batches per step and with 1 (whole backward as the window; a larger undo arena).
-bench host_noclip "state on the host, no clipping, speculation on (default arena)" -- -o optimizer.max_grad_norm=0
-bench host_noclip_nospec "state on the host, no clipping, speculation off" GHT_OPT_SPECULATE=0 -- \
+bench host_noclip "state on the host, no clipping, speculation on (default arena)" "GHT_PLACE=master=host,adam_*=host" -- -o optimizer.max_grad_norm=0
+bench host_noclip_nospec "state on the host, no clipping, speculation off" "GHT_PLACE=master=host,adam_*=host" GHT_OPT_SPECULATE=0 -- \
   -o optimizer.max_grad_norm=0
-bench host_ga1_noclip "state on the host, no clipping, 1 micro-batch of 4, speculation with a 24 GiB arena" \
+bench host_ga1_noclip "state on the host, no clipping, 1 micro-batch of 4, speculation with a 24 GiB arena" "GHT_PLACE=master=host,adam_*=host" \
   GHT_OPT_SPECULATE=24GiB -- -o optimizer.max_grad_norm=0 -o model.micro_batch=4 -o model.grad_accum=1
-bench host_ga1_noclip_nospec "state on the host, no clipping, 1 micro-batch of 4, speculation off" \
+bench host_ga1_noclip_nospec "state on the host, no clipping, 1 micro-batch of 4, speculation off" "GHT_PLACE=master=host,adam_*=host" \
   GHT_OPT_SPECULATE=0 -- -o optimizer.max_grad_norm=0 -o model.micro_batch=4 -o model.grad_accum=1
 bench hbm_loop "everything in HBM, expert GEMMs cublaslt_loop" GHT_OPTIMIZER=device GHT_EXPERT_GEMM=cublaslt_loop -- \
   -o train.steps=4
@@ -125,7 +134,7 @@ fi
 
 # ---- report --------------------------------------------------------------------------------
 note "summary"
-BENCH_RUNS="${TRAIN_BENCH_RUNS:-host hbm host_ga16}" PARTS="$PARTS" python3 - "$RUNS" "${tiny_log:-}" "$RES" <<'EOF'
+BENCH_RUNS="${TRAIN_BENCH_RUNS:-default hbm host budget60 layers14}" PARTS="$PARTS" python3 - "$RUNS" "${tiny_log:-}" "$RES" <<'EOF'
 import json, os, sys
 runs, tiny_log, res = sys.argv[1], sys.argv[2], sys.argv[3]
 
@@ -196,21 +205,35 @@ if "learn" in parts:
         ok = False
 if "bench" in parts:
     print()
-    print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | speculated M params | link GB h2d/d2h |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | MFU | tokens/s | step ms | fwd ms | bwd ms | opt exposed ms | opt update ms | speculated M params | link GB h2d/d2h "
+          "| state GiB HBM/host | HBM peak GiB (plan, ratio) | host peak GiB (plan, ratio) | spills |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in ["bench_" + n for n in os.environ["BENCH_RUNS"].split()]:
         path = f"{res}/train_{name}_profile.json"
         try:
             p = json.load(open(path))
         except (OSError, ValueError):
-            print(f"| {name} | missing | | | | | | | | |")
+            print(f"| {name} | missing | | | | | | | | | | | | |")
             ok = False
             continue
         m = p["median_excluding_first_step"]
         summary[name] = m
+        pl = p.get("placement", {})
+        mem = pl.get("memory", {})
+        G = 2.0 ** 30
+        def peak_vs_plan(tier):
+            peak, plan = mem.get(tier, {}).get("peak", 0), pl.get(f"plan_{tier}_bytes", 0)
+            m[f"{tier}_peak_over_plan"] = peak / plan if plan else None
+            return f"{peak / G:.2f} ({plan / G:.2f}, {peak / plan:.3f})" if plan else f"{peak / G:.2f} (-)"
         print(f"| {name} | {100 * m['mfu']:.1f}% | {m['tokens_per_s']:.0f} | {m['wall_ms']:.0f} | {m['forward_ms']:.0f} | "
               f"{m['backward_ms']:.0f} | {m['opt_exposed_ms']:.0f} | {m['opt_update_ms']:.0f} | "
-              f"{m.get('speculated_params', 0) / 1e6:.0f} | {m['link_gb_h2d']:.1f}/{m['link_gb_d2h']:.1f} |")
+              f"{m.get('speculated_params', 0) / 1e6:.0f} | {m['link_gb_h2d']:.1f}/{m['link_gb_d2h']:.1f} | "
+              f"{pl.get('state_hbm_bytes', 0) / G:.1f}/{pl.get('state_host_bytes', 0) / G:.1f} | "
+              f"{peak_vs_plan('hbm')} | {peak_vs_plan('host')} | {pl.get('spills', '-')} |")
+    if "bench_default" in summary and "bench_hbm" in summary and summary["bench_hbm"]["mfu"] > 0:
+        r = summary["bench_default"]["mfu"] / summary["bench_hbm"]["mfu"]
+        summary["default_over_hbm"] = r
+        print(f"default (plan) / everything in HBM: {r:.3f} (goal: within 5%)")
     if "bench_host" in summary and "bench_hbm" in summary and summary["bench_hbm"]["mfu"] > 0:
         tax = 1 - summary["bench_host"]["mfu"] / summary["bench_hbm"]["mfu"]
         summary["offload_tax"] = tax

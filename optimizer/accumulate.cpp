@@ -95,7 +95,8 @@ void run_double_buffered(std::size_t n, std::size_t chunk, const StagingOps& ops
 
 GradStreamAccumulator::GradStreamAccumulator() : GradStreamAccumulator(Options{}) {}
 
-GradStreamAccumulator::GradStreamAccumulator(Options opts) : opts_(opts) {
+GradStreamAccumulator::GradStreamAccumulator(Options opts, std::shared_ptr<alloc::tiered_allocator> alloc)
+    : opts_(opts), alloc_(alloc ? std::move(alloc) : alloc::make_default_tiered_allocator()) {
   slot_bytes_ = opts_.staging_bytes;
   if (slot_bytes_ == 0) {
     slot_bytes_ = config::cfg()
@@ -105,7 +106,11 @@ GradStreamAccumulator::GradStreamAccumulator(Options opts) : opts_(opts) {
   // Whole cache lines of whole elements of either type.
   slot_bytes_ = std::max<std::size_t>(64, slot_bytes_ / 64 * 64);
   try {
-    for (void*& s : slots_) s = detail::alloc_staging(slot_bytes_, &pinned_);
+    for (int i = 0; i < 2; ++i) {
+      slot_mem_[i] = alloc::unique_block(*alloc_, slot_bytes_,
+                                         {TensorClass::other, "accumulator.staging", TierKind::host, false});
+      slots_[i] = slot_mem_[i].get();
+    }
 #ifdef GHT_HAVE_CUDA
     if (detail::gpu_available()) {
       cudaStream_t st = nullptr;
@@ -141,9 +146,9 @@ void GradStreamAccumulator::release() noexcept {
   if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
   copy_stream_ = nullptr;
 #endif
-  for (void*& s : slots_) {
-    detail::free_staging(s, pinned_);
-    s = nullptr;
+  for (int i = 0; i < 2; ++i) {
+    slot_mem_[i].reset();
+    slots_[i] = nullptr;
   }
 }
 

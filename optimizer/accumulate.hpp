@@ -14,7 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
+#include "alloc/block.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/bf16.hpp"
 
@@ -65,8 +67,10 @@ class GradStreamAccumulator {
     bool stage_host_sources = false;
   };
 
+  /// @param alloc where the two staging slots come from (host tier, pinned on PCIe); null:
+  ///        alloc::make_default_tiered_allocator()
   /// @throws ght::out_of_memory when the staging slots cannot be allocated
-  explicit GradStreamAccumulator(Options opts);
+  explicit GradStreamAccumulator(Options opts, std::shared_ptr<alloc::tiered_allocator> alloc = nullptr);
   GradStreamAccumulator();
   ~GradStreamAccumulator();
   GradStreamAccumulator(const GradStreamAccumulator&) = delete;
@@ -90,8 +94,9 @@ class GradStreamAccumulator {
 
   Options opts_;
   std::size_t slot_bytes_ = 0;
+  std::shared_ptr<alloc::tiered_allocator> alloc_;
+  alloc::unique_block slot_mem_[2];
   void* slots_[2] = {nullptr, nullptr};
-  bool pinned_ = false;
   CUstream_st* copy_stream_ = nullptr;
   CUevent_st* copied_[2] = {nullptr, nullptr};
   CUevent_st* produced_ = nullptr;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <set>
 
+#include "alloc/block.hpp"
 #include "optimizer/cpu_threads.hpp"
 #include "optimizer/detail/memory.hpp"
 #include "tier/config.hpp"
@@ -73,72 +74,24 @@ LinkMode link_mode_from_config() {
   return tier::topology().link == LinkKind::c2c ? LinkMode::zero_copy : LinkMode::dma;
 }
 
-// ---- default allocators ----------------------------------------------------------------------
-
 namespace {
-
-class HostStateAllocator final : public StateAllocator {
- public:
-  StateBuffer allocate(std::size_t bytes, TensorClass, const std::string& region) override {
-    StateBuffer b;
-    b.tier = TierKind::host;
-#ifdef GHT_HAVE_CUDA
-    if (detail::gpu_available()) {
-      void* p = nullptr;
-      const cudaError_t err =
-          cudaHostAlloc(&p, std::max<std::size_t>(bytes, 64), cudaHostAllocMapped | cudaHostAllocPortable);
-      if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        throw out_of_memory("optimizer state of region '" + region + "': cudaHostAlloc of " +
-                            config::format_bytes(bytes) + " failed: " + cudaGetErrorString(err));
-      }
-      b.host = p;
-      GHT_CUDA_TRY(cudaHostGetDevicePointer(&b.device, p, 0));
-      return b;
-    }
-#endif
-    const std::size_t rounded = std::max<std::size_t>(64, (bytes + 63) / 64 * 64);
-    b.host = std::aligned_alloc(64, rounded);
-    if (b.host == nullptr) {
-      throw out_of_memory("optimizer state of region '" + region + "': " +
-                          config::format_bytes(bytes) + " of host memory not available");
-    }
-    return b;
-  }
-
-  void deallocate(const StateBuffer& b, std::size_t, TensorClass) noexcept override {
-#ifdef GHT_HAVE_CUDA
-    if (b.device != nullptr) {
-      (void)cudaFreeHost(b.host);
-      return;
-    }
-#endif
-    std::free(b.host);
-  }
-};
-
-#ifdef GHT_HAVE_CUDA
-class DeviceStateAllocator final : public StateAllocator {
- public:
-  StateBuffer allocate(std::size_t bytes, TensorClass, const std::string& region) override {
-    StateBuffer b;
-    b.tier = TierKind::hbm;
-    const cudaError_t err = cudaMalloc(&b.device, std::max<std::size_t>(bytes, 64));
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw out_of_memory("optimizer state of region '" + region + "': cudaMalloc of " +
-                          config::format_bytes(bytes) + " failed: " + cudaGetErrorString(err));
-    }
-    return b;
-  }
-  void deallocate(const StateBuffer& b, std::size_t, TensorClass) noexcept override {
-    (void)cudaFree(b.device);
-  }
-};
-#endif
 
 constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass::adam_m,
                                         TensorClass::adam_v};
+
+// How each side reaches a state block: the GPU through HBM or a mapped / coherent host pointer
+// (null where the link cannot reach it: pageable memory over PCIe), the CPU through host memory.
+StateBuffer state_view(const alloc::unique_block& b, bool gpu) {
+  StateBuffer v;
+  v.tier = b.tier();
+  if (v.tier == TierKind::hbm) {
+    v.device = b.get();
+    return v;
+  }
+  v.host = b.get();
+  if (gpu) v.device = detail::device_address(b.get());
+  return v;
+}
 
 std::size_t round_down(std::size_t x, std::size_t m) { return std::max(m, x / m * m); }
 
@@ -149,27 +102,14 @@ constexpr int kDmaSlots = 3;
 
 }  // namespace
 
-std::shared_ptr<StateAllocator> make_host_state_allocator() {
-  return std::make_shared<HostStateAllocator>();
-}
-
-std::shared_ptr<StateAllocator> make_device_state_allocator() {
-#ifdef GHT_HAVE_CUDA
-  GHT_EXPECTS(detail::gpu_available(), "device optimizer state needs a GPU; none found");
-  return std::make_shared<DeviceStateAllocator>();
-#else
-  GHT_FAIL("device optimizer state needs a CUDA build");
-#endif
-}
-
 // ---- AdamW -----------------------------------------------------------------------------------
 
 struct AdamW::Impl {
   struct RegionState {
     Region desc;
     Path path = Path::cpu;
-    StateBuffer st[3];              // master, m, v
-    bool allocated[3] = {false, false, false};
+    StateBuffer st[3];              // master, m, v: views of `mem`
+    alloc::unique_block mem[3];
     std::size_t chunk = 0;          // parameters per chunk (and per event)
     std::size_t chunks = 1;
     bool grad_on_device = false;
@@ -185,7 +125,7 @@ struct AdamW::Impl {
   };
 
   AdamWOptions opts;
-  std::shared_ptr<StateAllocator> alloc;
+  std::shared_ptr<alloc::tiered_allocator> alloc;
   std::vector<RegionState> regions;
   bool gpu = false;
   std::size_t chunk_elems = 0;
@@ -200,7 +140,9 @@ struct AdamW::Impl {
   CUstream_st* norm = nullptr;
   CUevent_st* produced = nullptr;
   CUevent_st* step_barrier = nullptr;
-  float* dma_slots = nullptr;       // (kDmaSlots, 3, kDmaChunk) HBM
+  alloc::unique_block dma_mem;      // (kDmaSlots, 3, dma_chunk) fp32, HBM
+  std::size_t dma_chunk = kDmaChunk;  // parameters per slot: kDmaChunk, or the largest region
+  float* dma_slots = nullptr;
   CUevent_st* dma_in[kDmaSlots] = {};
   CUevent_st* dma_updated[kDmaSlots] = {};
   CUevent_st* dma_free[kDmaSlots] = {};
@@ -208,8 +150,8 @@ struct AdamW::Impl {
 #ifdef GHT_HAVE_CUDA
   std::unique_ptr<DeviceSumsq> sumsq;
 #endif
+  alloc::unique_block staging_mem[2];  // host (pinned where the link needs it)
   void* staging[2] = {nullptr, nullptr};
-  bool staging_pinned = false;
   CUevent_st* grad_ready[2] = {nullptr, nullptr};
   CUevent_st* weight_sent[2] = {nullptr, nullptr};
 
@@ -218,6 +160,7 @@ struct AdamW::Impl {
     std::size_t region = 0, chunk = 0, off = 0, count = 0;
     float* save = nullptr;  // master, m, v (spec_pad(count) floats each), then count bf16
   };
+  alloc::unique_block spec_mem;
   unsigned char* spec_arena = nullptr;
   std::size_t spec_cap = 0, spec_used = 0;
   std::vector<SpecChunk> spec;
@@ -252,9 +195,9 @@ struct AdamW::Impl {
         if (e != nullptr) (void)cudaEventDestroy(e);
       }
     }
-    if (dma_slots != nullptr) (void)cudaFree(dma_slots);
+    dma_mem.reset();
     dma_slots = nullptr;
-    if (spec_arena != nullptr) (void)cudaFree(spec_arena);
+    spec_mem.reset();
     spec_arena = nullptr;
     for (CUstream_st* s : {link, down, up, norm}) {
       if (s != nullptr) (void)cudaStreamDestroy(s);
@@ -262,15 +205,12 @@ struct AdamW::Impl {
     link = down = up = norm = nullptr;
     sumsq.reset();
 #endif
-    for (void*& s : staging) {
-      detail::free_staging(s, staging_pinned);
-      s = nullptr;
+    for (int i = 0; i < 2; ++i) {
+      staging_mem[i].reset();
+      staging[i] = nullptr;
     }
     for (RegionState& rs : regions) {
-      for (int i = 0; i < 3; ++i) {
-        if (rs.allocated[i]) alloc->deallocate(rs.st[i], rs.desc.n * sizeof(float), kStateClass[i]);
-        rs.allocated[i] = false;
-      }
+      for (alloc::unique_block& m : rs.mem) m.reset();
     }
   }
 
@@ -318,7 +258,7 @@ struct AdamW::Impl {
                rs.st[0].host != nullptr && rs.st[1].host != nullptr && rs.st[2].host != nullptr;
       if (rs.dma) {
         ensure_dma();
-        rs.chunk = std::min(chunk_elems, kDmaChunk);
+        rs.chunk = std::min(chunk_elems, dma_chunk);
       }
     } else {
       rs.staged = rs.grad_on_device || rs.weight_on_device;
@@ -339,15 +279,9 @@ struct AdamW::Impl {
   void ensure_dma() {
 #ifdef GHT_HAVE_CUDA
     if (dma_slots != nullptr) return;
-    const std::size_t bytes = sizeof(float) * 3 * kDmaChunk * kDmaSlots;
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    dma_slots = static_cast<float*>(p);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw out_of_memory("AdamW dma slots: cudaMalloc of " + config::format_bytes(bytes) +
-                          " failed: " + cudaGetErrorString(err));
-    }
+    const std::size_t bytes = sizeof(float) * 3 * dma_chunk * kDmaSlots;
+    dma_mem = alloc::unique_block(*alloc, bytes, {TensorClass::other, "optimizer.dma_slots", TierKind::hbm, false});
+    dma_slots = dma_mem.as<float>();
     for (int i = 0; i < kDmaSlots; ++i) {
       dma_in[i] = new_event();
       dma_updated[i] = new_event();
@@ -358,7 +292,11 @@ struct AdamW::Impl {
 
   void ensure_staging() {
     if (staging[0] != nullptr) return;
-    for (void*& s : staging) s = detail::alloc_staging(staging_bytes, &staging_pinned);
+    for (int i = 0; i < 2; ++i) {
+      staging_mem[i] = alloc::unique_block(*alloc, staging_bytes,
+                                           {TensorClass::other, "optimizer.staging", TierKind::host, false});
+      staging[i] = staging_mem[i].get();
+    }
     for (CUevent_st*& e : grad_ready) e = new_event();
     for (CUevent_st*& e : weight_sent) e = new_event();
   }
@@ -413,18 +351,18 @@ struct AdamW::Impl {
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const std::size_t off = c * rs.chunk, count = std::min(rs.chunk, rs.desc.n - off);
       const unsigned slot = dma_next++ % kDmaSlots;
-      float* base = dma_slots + static_cast<std::size_t>(slot) * 3 * kDmaChunk;
+      float* base = dma_slots + static_cast<std::size_t>(slot) * 3 * dma_chunk;
       GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
       for (int i = 0; i < 3; ++i) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(base + i * kDmaChunk, static_cast<float*>(rs.st[i].host) + off,
+        GHT_CUDA_TRY(cudaMemcpyAsync(base + i * dma_chunk, static_cast<float*>(rs.st[i].host) + off,
                                      count * sizeof(float), cudaMemcpyHostToDevice, up));
       }
       record(dma_in[slot], up);
       GHT_CUDA_TRY(cudaStreamWaitEvent(link, dma_in[slot], 0));
       AdamWSpan s;
       s.master = base;
-      s.m = base + kDmaChunk;
-      s.v = base + 2 * kDmaChunk;
+      s.m = base + dma_chunk;
+      s.v = base + 2 * dma_chunk;
       s.grad = static_cast<const unsigned char*>(rs.grad_dev) + off * gsize;
       s.grad_type = rs.desc.grad_type;
       s.weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + off : nullptr;
@@ -434,7 +372,7 @@ struct AdamW::Impl {
       record(dma_updated[slot], link);
       GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
       for (int i = 0; i < 3; ++i) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(rs.st[i].host) + off, base + i * kDmaChunk,
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(rs.st[i].host) + off, base + i * dma_chunk,
                                      count * sizeof(float), cudaMemcpyDeviceToHost, down));
       }
       record(dma_free[slot], down);
@@ -541,13 +479,15 @@ struct AdamW::Impl {
     const std::size_t headroom =
         config::cfg().get_size(config::Key::GHT_HBM_HEADROOM).resolve(total_b, "GHT_HBM_HEADROOM");
     want = std::min(want, free_b > headroom ? free_b - headroom : 0);
+    // Within the allocator's HBM budget too: the arena must not push the plan's state out.
+    want = std::min<std::size_t>(want, alloc->report(TierKind::hbm).largest_free);
     if (want < (std::size_t{1} << 20)) return;
-    void* p = nullptr;
-    if (cudaMalloc(&p, want) != cudaSuccess) {
-      (void)cudaGetLastError();  // speculation is an optimisation: run without it
-      return;
+    try {
+      spec_mem = alloc::unique_block(*alloc, want, {TensorClass::other, "optimizer.speculation", TierKind::hbm, false});
+    } catch (const ght::out_of_memory&) {
+      return;  // speculation is an optimisation: run without it
     }
-    spec_arena = static_cast<unsigned char*>(p);
+    spec_arena = spec_mem.as<unsigned char>();
     spec_cap = want;
 #endif
   }
@@ -664,7 +604,7 @@ struct AdamW::Impl {
 };
 
 AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
-             std::shared_ptr<StateAllocator> alloc)
+             std::shared_ptr<alloc::tiered_allocator> alloc)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.opts = opts;
@@ -675,11 +615,12 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     GHT_EXPECTS(I.gpu, "GHT_OPTIMIZER=" + std::string(to_string(choice)) +
                            " needs a GPU, and none is available");
   }
-  if (!alloc) {
-    alloc = choice == PathChoice::device ? make_device_state_allocator()
-                                         : make_host_state_allocator();
-  }
+  if (!alloc) alloc = alloc::make_default_tiered_allocator();
   I.alloc = std::move(alloc);
+  // The choice pins the state's tier; `auto` leaves it to the plan installed in the allocator.
+  std::optional<TierKind> state_tier;
+  if (choice == PathChoice::device) state_tier = TierKind::hbm;
+  if (choice == PathChoice::gpu_link || choice == PathChoice::cpu) state_tier = TierKind::host;
 
   std::size_t chunk_bytes = opts.chunk_elems * sizeof(float);
   if (chunk_bytes == 0) {
@@ -709,9 +650,14 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     I.spec_ready = I.new_event();
     I.spec_fence = I.new_event();
     I.step_barrier = I.new_event();
-    I.sumsq = std::make_unique<DeviceSumsq>();
+    I.sumsq = std::make_unique<DeviceSumsq>(*I.alloc);
   }
 #endif
+
+  // dma slots hold one chunk each: no larger than the largest region (small models, small slots).
+  std::size_t largest = 0;
+  for (const Region& d : regions) largest = std::max(largest, d.n);
+  I.dma_chunk = std::min(kDmaChunk, (largest + 63) / 64 * 64);
 
   std::set<std::string> names;
   I.regions.reserve(regions.size());
@@ -722,8 +668,10 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     Impl::RegionState& rs = I.regions.emplace_back();
     rs.desc = std::move(d);
     for (int i = 0; i < 3; ++i) {
-      rs.st[i] = I.alloc->allocate(rs.desc.n * sizeof(float), kStateClass[i], rs.desc.name);
-      rs.allocated[i] = true;
+      const alloc::AllocRequest req{kStateClass[i], rs.desc.name, state_tier,
+                                    /*may_spill=*/choice != PathChoice::device};
+      rs.mem[i] = alloc::unique_block(*I.alloc, rs.desc.n * sizeof(float), req);
+      rs.st[i] = state_view(rs.mem[i], I.gpu);
     }
     bool all_host = true, all_dev = true, all_hbm = true;
     for (const StateBuffer& b : rs.st) {
@@ -768,6 +716,8 @@ LinkMode AdamW::link_mode(std::size_t r) const {
   return impl_->at(r).dma ? LinkMode::dma : LinkMode::zero_copy;
 }
 const AdamWHyper& AdamW::hyper() const { return impl_->opts.hyper; }
+alloc::tiered_allocator& AdamW::allocator() const { return *impl_->alloc; }
+
 const OptimizerStats& AdamW::stats() const { return impl_->stats; }
 std::int64_t AdamW::step_count() const { return impl_->t; }
 CUstream_st* AdamW::stream() const { return impl_->link; }

@@ -4,7 +4,8 @@
  * @brief ght::optimizer::AdamW: AdamW over tiered state, one semantics on three paths.
  *
  * Each region (a flat group of parameters, e.g. one layer's attention or one expert) has fp32
- * master, m and v buffers obtained from a StateAllocator (the tiered allocator in production),
+ * master, m and v buffers from the run's alloc::tiered_allocator (the plan installed there
+ * decides each region's tier; requests carry the region's name and class master/adam_m/adam_v),
  * a bf16 compute weight and a gradient (bf16 or fp32, in HBM or in the host accumulator).
  *
  * Paths (GHT_OPTIMIZER=auto|gpu_link|cpu|device, per region):
@@ -44,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "alloc/tiered.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "tier/types.hpp"
 
@@ -70,31 +72,12 @@ enum class LinkMode { zero_copy, dma };
 /// The mode from GHT_OPT_LINK_MODE.
 [[nodiscard]] LinkMode link_mode_from_config();
 
-/// One state buffer and how each side reaches it.
+/// One state buffer and how each side reaches it (a view of memory the optimizer owns).
 struct StateBuffer {
   void* host = nullptr;    ///< CPU-dereferenceable address; null for HBM
   void* device = nullptr;  ///< GPU-dereferenceable address; null when no GPU can reach it
   TierKind tier = TierKind::host;
 };
-
-/**
- * @brief Where optimizer state comes from. The tiered allocator implements this so the plan
- * decides each region's tier; the defaults below serve tests, tools and programs without a plan.
- */
-class StateAllocator {
- public:
-  virtual ~StateAllocator() = default;
-  /// @param cls TensorClass::master, adam_m or adam_v  @param region the region's name
-  /// @throws ght::out_of_memory when no memory can be found
-  virtual StateBuffer allocate(std::size_t bytes, TensorClass cls, const std::string& region) = 0;
-  virtual void deallocate(const StateBuffer& b, std::size_t bytes, TensorClass cls) noexcept = 0;
-};
-
-/// Host state: pinned, mapped memory (cudaHostAlloc) when a GPU is present, else 64-byte aligned
-/// host memory.
-[[nodiscard]] std::shared_ptr<StateAllocator> make_host_state_allocator();
-/// HBM state (cudaMalloc). @throws ght::logic_error without a GPU.
-[[nodiscard]] std::shared_ptr<StateAllocator> make_device_state_allocator();
 
 /// A flat group of parameters updated together.
 struct Region {
@@ -150,13 +133,16 @@ class AdamW {
  public:
   /**
    * @brief Allocate master, m and v for every region (zeroed) and pick each region's path.
-   * @param alloc state memory; null: the host allocator, or the device allocator when the
-   *        choice is `device`
+   * @param alloc every byte the optimizer holds (state, dma slots, staging, the undo arena,
+   *        norm scratch) comes from it; null: alloc::make_default_tiered_allocator(). State
+   *        requests prefer HBM for the `device` choice (no spill), the host for `gpu_link` and
+   *        `cpu`, and leave `auto` to the installed plan (or the class defaults: host).
+   * @throws ght::out_of_memory (typed, naming the region and class) when no tier has room
    * @throws ght::logic_error for an empty or duplicate region, a path the machine cannot run
    *         (gpu_link/device without a GPU, cpu with state only in HBM)
    */
   explicit AdamW(std::vector<Region> regions, AdamWOptions opts = {},
-                 std::shared_ptr<StateAllocator> alloc = nullptr);
+                 std::shared_ptr<alloc::tiered_allocator> alloc = nullptr);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
@@ -217,6 +203,8 @@ class AdamW {
   [[nodiscard]] CUevent_st* region_event(std::size_t r) const;
 
   [[nodiscard]] const OptimizerStats& stats() const;
+  /// The allocator the optimizer's memory comes from.
+  [[nodiscard]] alloc::tiered_allocator& allocator() const;
 
  private:
   struct Impl;

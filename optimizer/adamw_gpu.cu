@@ -230,20 +230,17 @@ void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
   }
 }
 
-DeviceSumsq::DeviceSumsq() {
+DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a) {
   blocks_ = sm_count() * kSumsqBlocksPerSm;
-  GHT_CUDA_TRY(cudaMalloc(&partials_, sizeof(double) * static_cast<std::size_t>(blocks_ + 1)));
-  const cudaError_t err = cudaMallocHost(&result_, sizeof(double));
-  if (err != cudaSuccess) {
-    (void)cudaFree(partials_);
-    GHT_CUDA_TRY(err);
-  }
+  partials_mem_ = alloc::unique_block(a, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
+                                      {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false});
+  result_mem_ = alloc::unique_block(a, sizeof(double),
+                                    {TensorClass::other, "optimizer.norm_result", TierKind::host, false});
+  partials_ = partials_mem_.as<double>();
+  result_ = result_mem_.as<double>();
 }
 
-DeviceSumsq::~DeviceSumsq() {
-  (void)cudaFree(partials_);
-  (void)cudaFreeHost(result_);
-}
+DeviceSumsq::~DeviceSumsq() = default;
 
 void DeviceSumsq::reset(cudaStream_t stream) {
   GHT_CUDA_TRY(cudaMemsetAsync(partials_, 0, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),

@@ -24,6 +24,8 @@
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "alloc/block.hpp"
 #endif
 
 namespace ght::optimizer {
@@ -109,7 +111,8 @@ void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream);
  */
 class DeviceSumsq {
  public:
-  DeviceSumsq();
+  /// Scratch: the partials in HBM and the result in host memory, both from `a`.
+  explicit DeviceSumsq(alloc::tiered_allocator& a);
   ~DeviceSumsq();
   DeviceSumsq(const DeviceSumsq&) = delete;
   DeviceSumsq& operator=(const DeviceSumsq&) = delete;
@@ -122,8 +125,9 @@ class DeviceSumsq {
 
  private:
   int blocks_ = 0;
-  double* partials_ = nullptr;  ///< (blocks_) device
-  double* result_ = nullptr;    ///< (1) pinned host, written by the final kernel
+  alloc::unique_block partials_mem_, result_mem_;
+  double* partials_ = nullptr;  ///< (blocks_ + 1) device
+  double* result_ = nullptr;    ///< (1) host (pinned on PCIe), written by the final kernel
 };
 #endif
 

@@ -64,7 +64,7 @@ std::vector<Placement> placements(const Region& r) {
 }
 
 std::uint64_t hbm_bytes(const Region& r, Placement p) {
-  if (p.tier != TierKind::hbm) return 0;
+  if (p.tier != TierKind::hbm) return r.hbm_bytes_on_host;
   return p.mode == Mode::recompute ? r.recompute_bytes.value_or(r.bytes) : r.bytes;
 }
 

@@ -340,10 +340,9 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
     p.host_bytes += host_bytes(regions[i], choice[i]);
     streams |= regions[i].cls == TensorClass::grad && choice[i].tier == TierKind::host;
   }
-  if (streams && !no_gpu) {
-    p.hbm_bytes += options.stream_staging_bytes;
-    p.host_bytes += options.stream_staging_bytes;
-  }
+  // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
+  // bf16 gradient it copies from is the region's hbm_bytes_on_host.
+  if (streams && !no_gpu) p.host_bytes += options.stream_staging_bytes;
   const StepTime t = cm.evaluate(total);
   p.h2d_bytes = t.h2d_bytes;
   p.d2h_bytes = t.d2h_bytes;
@@ -567,7 +566,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
   }
   const Budgets& B = options.budgets;
   const std::uint64_t staging = no_gpu ? 0 : options.stream_staging_bytes;
-  auto eff_hbm = [&](const Totals& t) { return t.hbm + (t.grads_on_host ? staging : 0); };
+  auto eff_hbm = [&](const Totals& t) { return t.hbm; };
   auto eff_host = [&](const Totals& t) { return t.host + (t.grads_on_host ? staging : 0); };
 
   // ---- candidate orders and their prefixes
@@ -829,7 +828,7 @@ std::string Plan::format_table(bool explain) const {
   if (o.stream_staging_bytes > 0 && o.link.kind != LinkKind::none &&
       mode_summary(TensorClass::grad) != "accumulate" && mode_summary(TensorClass::grad) != "-") {
     os << "        (gradient stream staging " << gib(o.stream_staging_bytes)
-       << " counted in HBM and in host memory)\n";
+       << " counted in host memory)\n";
   }
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.3g", o.step_flops);

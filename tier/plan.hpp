@@ -89,6 +89,9 @@ struct Region {
   std::string group;                         ///< row of the plan table; empty = class name
   std::uint64_t bytes = 0;                   ///< size in HBM
   std::optional<std::uint64_t> host_bytes;   ///< size on the host (default: bytes)
+  /// HBM the region still holds while it lives on the host: a streamed gradient keeps its
+  /// per-micro-batch buffer in HBM. Counted in the HBM prediction and budget.
+  std::uint64_t hbm_bytes_on_host = 0;
   std::vector<Access> access;                ///< accesses per step (either tier)
   std::optional<std::vector<Access>> host_access;  ///< replaces `access` when on the host
   bool hbm_allowed = true;
@@ -148,8 +151,8 @@ struct PlanOptions {
   LinkNumbers link;
   double step_flops = 0;    ///< training FLOPs per step (sizes the overlap window)
   double assumed_tflops = 450;
-  /// Double-buffered staging the gradient stream needs, reserved in HBM and in host memory
-  /// while any gradient region streams (2 x GHT_STAGING_BYTES).
+  /// Double-buffered pinned staging the gradient stream needs, reserved in host memory while
+  /// any gradient region streams (2 x GHT_STAGING_BYTES).
   std::uint64_t stream_staging_bytes = 0;
 };
 

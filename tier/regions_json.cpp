@@ -182,7 +182,7 @@ std::vector<Access> access_list_from_json(const json& j, const std::string& orig
 }
 
 const std::initializer_list<std::string_view> kRegionKeys = {
-    "name",     "class",        "group",           "bytes",  "host_bytes", "access",
+    "name",     "class",        "group",           "bytes",  "host_bytes", "hbm_bytes_on_host", "access",
     "host_access", "hbm_allowed", "host_allowed", "recompute_bytes", "recompute_flops",
     "layer",    "expert",       "routing_frequency"};
 const std::initializer_list<std::string_view> kDecisionKeys = {"tier", "mode", "reason",
@@ -195,6 +195,7 @@ json region_to_json(const Region& r) {
   if (!r.group.empty()) j["group"] = r.group;
   j["bytes"] = r.bytes;
   if (r.host_bytes) j["host_bytes"] = *r.host_bytes;
+  if (r.hbm_bytes_on_host != 0) j["hbm_bytes_on_host"] = r.hbm_bytes_on_host;
   if (!r.access.empty()) j["access"] = access_list_to_json(r.access);
   if (r.host_access) j["host_access"] = access_list_to_json(*r.host_access);
   if (!r.hbm_allowed) j["hbm_allowed"] = false;
@@ -227,6 +228,7 @@ Region region_from_json(const json& j, const std::string& origin, const std::str
   r.group = get_string(j, "group", origin, path, &empty);
   r.bytes = get_u64(j, "bytes", origin, path);
   if (get(j, "host_bytes")) r.host_bytes = get_u64(j, "host_bytes", origin, path);
+  if (get(j, "hbm_bytes_on_host")) r.hbm_bytes_on_host = get_u64(j, "hbm_bytes_on_host", origin, path);
   if (const json* a = get(j, "access")) r.access = access_list_from_json(*a, origin, join(path, "access"));
   if (const json* a = get(j, "host_access")) {
     r.host_access = access_list_from_json(*a, origin, join(path, "host_access"));

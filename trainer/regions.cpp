@@ -64,14 +64,15 @@ void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
   w.host_allowed = false;
   out.push_back(std::move(w));
 
-  Region gr = base("grad", ght::TensorClass::grad, 2 * p);
+  Region gr = base("grad", ght::TensorClass::grad, 4 * p);
   gr.host_bytes = 4 * p;
+  gr.hbm_bytes_on_host = 2 * p;  // streamed: the bf16 gradient of one micro-batch stays in HBM
   Access acc_hbm = make_access("compute", ga, 1.0, GpuPath::copy);
-  acc_hbm.gpu_read_bytes = 2 * P;
-  acc_hbm.gpu_write_bytes = 2 * P;
+  acc_hbm.gpu_read_bytes = 4 * P;
+  acc_hbm.gpu_write_bytes = 4 * P;
   acc_hbm.routing_tokens = routed;
   Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-  opt_hbm.gpu_read_bytes = 2 * P;
+  opt_hbm.gpu_read_bytes = 4 * P;
   gr.access = {acc_hbm, opt_hbm};
   // Streaming: every micro-batch copies the bf16 gradient down and the CPU adds it into the fp32
   // accumulator (reads 2 B and, after the first micro-batch, 4 B; writes 4 B per param). The
@@ -125,31 +126,62 @@ void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
 
 ActivationSizes activation_sizes(const ModelConfig& c) {
   c.validate();
-  const std::uint64_t d = c.d_model, T = static_cast<std::uint64_t>(c.seq_len) * c.micro_batch;
-  const std::uint64_t q = static_cast<std::uint64_t>(c.heads) * c.head_dim;
-  const std::uint64_t kv = static_cast<std::uint64_t>(c.kv_heads) * c.head_dim;
-  // bf16 elements saved per token and layer:
-  //   4d        layer input, attention-norm output, residual after attention, MoE-norm output
-  //   2q + 2kv  q, k, v after norm and RoPE, and the attention output
-  //   2H        fp32 softmax statistics per head
-  //   2E        fp32 router probabilities
-  //   top_k (2d + 3 ffn)  per routed copy: gathered input, gate, up, SwiGLU output, expert output
-  const std::uint64_t elems = 4 * d + 2 * q + 2 * kv + 2ULL * c.heads + 2ULL * c.experts +
-                              static_cast<std::uint64_t>(c.top_k) * (2 * d + 3ULL * c.expert_ffn);
+  // Byte for byte what CudaMoEModel allocates for one micro-batch of N tokens
+  // (trainer/cuda/model_cuda.cpp, ensure_capacity): per layer the buffers saved for backward,
+  // then the buffers every layer shares.
+  const std::uint64_t d = c.d_model, N = static_cast<std::uint64_t>(c.seq_len) * c.micro_batch;
+  const std::uint64_t H = c.heads, KV = c.kv_heads, D = c.head_dim, E = c.experts;
+  const std::uint64_t K = c.top_k, F = c.expert_ffn, V = c.vocab, L = c.layers;
+  const std::uint64_t HD = H * D, QK = (H + KV) * D, QKV = (H + 2 * KV) * D;
+  // ln1, h_mid, ln2 (bf16); rstds, q/k rstd, lse, router logits/probs (fp32); qkv, q/k, att
+  // (bf16); top-k weights, ids, src_token, dst_row (4 B per routed row); expert gate_up, act,
+  // output (bf16 per routed row).
+  const std::uint64_t saved_per_token = 2 * 3 * d + 4 * 2 + 2 * QKV + 2 * QK + 4 * H + 4 * KV + 2 * HD +
+                                        4 * H + 8 * E + K * (4 * 4 + 2 * 3 * F + 2 * d);
+  const std::uint64_t layer_input = 2 * d * N;
   ActivationSizes s;
-  s.keep_per_layer = 2 * elems * T;
-  s.checkpoint_per_layer = 2 * d * T;
+  s.keep_per_layer = layer_input + saved_per_token * N + 4 * (E + 1);
+  s.checkpoint_per_layer = layer_input;
   const double active_layer = static_cast<double>(c.layer_dense_params()) +
                               static_cast<double>(c.top_k) * static_cast<double>(c.expert_params());
-  // One more forward of the layer per micro-batch: 2 FLOPs per active parameter and token, plus
-  // the forward third of the attention term of flops_per_token().
   s.recompute_flops_per_layer =
-      static_cast<double>(c.grad_accum) * static_cast<double>(T) *
+      static_cast<double>(c.grad_accum) * static_cast<double>(N) *
       (2.0 * active_layer + 4.0 * c.heads * c.head_dim * static_cast<double>(c.seq_len));
-  const std::uint64_t logits = 4ULL * T * static_cast<std::uint64_t>(c.vocab);  // bf16 + its grad
-  const std::uint64_t dispatch = 2ULL * 2 * T * static_cast<std::uint64_t>(c.top_k) * d;
-  s.workspace = logits + s.keep_per_layer + dispatch;
+  // Shared: final stream, final norm output, tmp, d stream, d norm (bf16, N x d), final rstd,
+  // d attention, d qkv, d q/k; per routed row the permuted rows, d gate_up, d act, d top-k
+  // weight; tokens, targets, positions; the LM-head chunk (bf16 logits of up to 256 MiB); the
+  // loss read-back slots (63) and the router losses.
+  const std::uint64_t shared_per_token = 2 * 5 * d + 4 + 2 * HD + 2 * QKV + 2 * QK + K * (2 * d + 2 * 3 * F + 4) + 3 * 4;
+  std::uint64_t ce_rows = std::max<std::uint64_t>(1, (std::uint64_t{256} << 20) / (2 * V));
+  if (ce_rows >= 64) ce_rows = ce_rows / 64 * 64;
+  ce_rows = std::min(ce_rows, N);
+  const std::uint64_t ce = (ce_rows * V * 2 + 255) / 256 * 256;
+  const std::uint64_t slots = (8 + 8 * L + 255) / 256 * 256 * 63 + 8 * L;
+  s.workspace = shared_per_token * N + ce + slots;
   return s;
+}
+
+std::string plan_group_of(std::string_view tensor) {
+  if (tensor == "model.embed_tokens.weight") return "embed";
+  if (tensor == "lm_head.weight") return "lm_head";
+  if (tensor == "model.norm.weight") return "final_norm";
+  constexpr std::string_view pre = "model.layers.";
+  if (tensor.substr(0, pre.size()) == pre) {
+    const std::size_t dot = tensor.find('.', pre.size());
+    const std::string layer = "layer" + std::string(tensor.substr(pre.size(), dot - pre.size()));
+    constexpr std::string_view ex = ".mlp.experts.";
+    const std::size_t e = tensor.find(ex, dot);
+    if (e != std::string_view::npos) {
+      const std::size_t s0 = e + ex.size();
+      return layer + ".expert" + std::string(tensor.substr(s0, tensor.find('.', s0) - s0));
+    }
+    return layer + ".attn";
+  }
+  return std::string(tensor);
+}
+
+std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
+  return plan_group_of(tensor) + "." + std::string(ght::to_string(cls));
 }
 
 std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {

@@ -9,8 +9,9 @@
  *   <group>.weight  bf16, 2 B/param. The GPU reads it in forward and backward of every
  *                   micro-batch (an expert's only when it receives a token); the optimizer writes
  *                   it once per step. HBM only: the trainer computes on weights in place.
- *   <group>.grad    bf16, 2 B/param in HBM (accumulated across micro-batches). On the host it
- *                   is the fp32 accumulator (4 B/param): every micro-batch copies the bf16
+ *   <group>.grad    fp32, 4 B/param in HBM (the CUDA trainer accumulates micro-batches in fp32).
+ *                   On the host it is the fp32 accumulator (4 B/param), and the bf16 gradient of
+ *                   one micro-batch stays in HBM (2 B/param): every micro-batch copies the bf16
  *                   gradient down (D2H) and the CPU adds it (reads 2 + 4 B, writes 4 B per param;
  *                   the first micro-batch only writes); the optimizer reads it (4 B) over the link.
  *                   The last micro-batch's copy and add can only hide behind the backward left
@@ -21,10 +22,12 @@
  *                   1/grad_accum of the step.
  * Per layer `layer<l>.activation` (HBM only): keep = the tensors saved for backward of one
  * micro-batch, recompute = the layer input only plus the layer's forward FLOPs again.
- * `workspace` (HBM only): logits and their gradient for one micro-batch, one layer's
- * activations during backward, and the MoE dispatch buffers.
+ * `workspace` (HBM only): the buffers every layer shares (backward scratch, the LM-head logits
+ * chunk, loss read-back). Activation and workspace sizes are the CUDA model's own allocations.
  */
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "tier/plan.hpp"
@@ -49,6 +52,12 @@ struct ActivationSizes {
 /// or a routing table of the wrong shape.
 [[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg,
                                                       const Routing& routing = {});
+
+/// The plan group of a parameter tensor ("model.layers.3.mlp.experts.7.up_proj.weight" ->
+/// "layer3.expert7", "model.embed_tokens.weight" -> "embed"), and its region for a class
+/// ("layer3.expert7.master"): how a tensor-named allocation finds its plan decision.
+[[nodiscard]] std::string plan_group_of(std::string_view tensor);
+[[nodiscard]] std::string plan_region_of(std::string_view tensor, ght::TensorClass cls);
 
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);

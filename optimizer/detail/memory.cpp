@@ -1,6 +1,5 @@
 #include "optimizer/detail/memory.hpp"
 
-#include <cstdlib>
 #include <mutex>
 
 #include "tier/error.hpp"
@@ -66,10 +65,9 @@ bool is_device_memory(const void* p) {
 #endif
 }
 
-void* device_alias(const void* p, const std::string& what) {
+void* device_address(const void* p) {
 #ifdef GHT_HAVE_CUDA
-  GHT_EXPECTS(gpu_available(), what + ": no GPU to read it from");
-  if (p == nullptr) return nullptr;
+  if (p == nullptr || !gpu_available()) return nullptr;
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -80,56 +78,29 @@ void* device_alias(const void* p, const std::string& what) {
     case cudaMemoryTypeManaged:
       return const_cast<void*>(p);
     case cudaMemoryTypeHost:
-      GHT_EXPECTS(a.devicePointer != nullptr,
-                  what + ": pinned host memory is not mapped into the device address space");
-      return a.devicePointer;
+      return a.devicePointer;  // null when the registration is not mapped
     default:
-      GHT_EXPECTS(gpu_reads_pageable(),
-                  what + ": pageable host memory cannot be read by the GPU over PCIe; allocate "
-                         "it pinned (cudaHostAlloc/cudaHostRegister) or through ght alloc");
-      return const_cast<void*>(p);
+      return gpu_reads_pageable() ? const_cast<void*>(p) : nullptr;
   }
+#else
+  (void)p;
+  return nullptr;
+#endif
+}
+
+void* device_alias(const void* p, const std::string& what) {
+#ifdef GHT_HAVE_CUDA
+  GHT_EXPECTS(gpu_available(), what + ": no GPU to read it from");
+  if (p == nullptr) return nullptr;
+  void* d = device_address(p);
+  GHT_EXPECTS(d != nullptr,
+              what + ": the GPU cannot reach this host memory over PCIe (pageable, or pinned but "
+                     "not mapped); allocate it through the tiered allocator's host tier (pinned)");
+  return d;
 #else
   (void)p;
   GHT_FAIL(what + ": built without CUDA");
 #endif
-}
-
-void* alloc_staging(std::size_t bytes, bool* pinned) {
-  *pinned = false;
-  if (bytes == 0) bytes = 64;
-#ifdef GHT_HAVE_CUDA
-  if (gpu_available()) {
-    void* p = nullptr;
-    const cudaError_t err =
-        cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw ght::out_of_memory("cudaHostAlloc of " + std::to_string(bytes) +
-                               " bytes of pinned staging failed: " + cudaGetErrorString(err));
-    }
-    *pinned = true;
-    return p;
-  }
-#endif
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) {
-    throw ght::out_of_memory("aligned_alloc of " + std::to_string(rounded) + " bytes failed");
-  }
-  return p;
-}
-
-void free_staging(void* p, bool pinned) noexcept {
-  if (p == nullptr) return;
-#ifdef GHT_HAVE_CUDA
-  if (pinned) {
-    (void)cudaFreeHost(p);
-    return;
-  }
-#endif
-  (void)pinned;
-  std::free(p);
 }
 
 }  // namespace ght::optimizer::detail

@@ -75,7 +75,7 @@ TEST_P(OptimizerGpuReference, GpuLinkWithDeviceGradients) {
   DeviceMem dev;
   // Small chunks: several launches and events per region, odd tails.
   test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000),
-                           make_host_state_allocator(), Path::gpu_link);
+                           test::host_state(), Path::gpu_link);
 }
 
 TEST_P(OptimizerGpuReference, GpuLinkDmaMode) {
@@ -86,7 +86,7 @@ TEST_P(OptimizerGpuReference, GpuLinkDmaMode) {
   DeviceMem dev;
   // 960-parameter chunks: the three HBM slots rotate many times per region and across regions.
   test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma),
-                           make_host_state_allocator(), Path::gpu_link);
+                           test::host_state(), Path::gpu_link);
 }
 
 TEST_P(OptimizerGpuReference, GpuLinkWithPinnedHostGradients) {
@@ -97,7 +97,7 @@ TEST_P(OptimizerGpuReference, GpuLinkWithPinnedHostGradients) {
   PinnedMem pinned;
   DeviceMem dev;
   test::run_reference_case(c, pinned, dev, options(PathChoice::automatic),
-                           make_host_state_allocator(), Path::gpu_link);
+                           test::host_state(), Path::gpu_link);
 }
 
 TEST_P(OptimizerGpuReference, DevicePath) {
@@ -117,7 +117,7 @@ TEST_P(OptimizerGpuReference, AutoPicksDeviceForHbmState) {
   c.steps = 3;
   DeviceMem dev;
   test::run_reference_case(c, dev, dev, options(PathChoice::automatic),
-                           make_device_state_allocator(), Path::device);
+                           test::hbm_state(), Path::device);
 }
 
 TEST_P(OptimizerGpuReference, CpuPathWithDeviceGradientsAndWeights) {
@@ -128,7 +128,7 @@ TEST_P(OptimizerGpuReference, CpuPathWithDeviceGradientsAndWeights) {
   DeviceMem dev;
   // 4 KiB staging slots: many double-buffered chunks down (grads) and up (weights).
   test::run_reference_case(c, dev, dev, options(PathChoice::cpu, 0, 4096),
-                           make_host_state_allocator(), Path::cpu);
+                           test::host_state(), Path::cpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -151,14 +151,14 @@ TEST(OptimizerGpu, NonFiniteGuardOnEveryPath) {
     PinnedMem pinned;
     SCOPED_TRACE(t == GradType::bf16 ? "bf16" : "fp32");
     test::run_nonfinite_case(c, dev, dev, options(PathChoice::gpu_link, 1000),
-                             make_host_state_allocator(), Path::gpu_link);
+                             test::host_state(), Path::gpu_link);
     test::run_nonfinite_case(c, pinned, dev, options(PathChoice::gpu_link),
-                             make_host_state_allocator(), Path::gpu_link);
+                             test::host_state(), Path::gpu_link);
     test::run_nonfinite_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma),
-                             make_host_state_allocator(), Path::gpu_link);
+                             test::host_state(), Path::gpu_link);
     test::run_nonfinite_case(c, dev, dev, options(PathChoice::device), nullptr, Path::device);
     test::run_nonfinite_case(c, dev, dev, options(PathChoice::cpu, 0, 4096),
-                             make_host_state_allocator(), Path::cpu);
+                             test::host_state(), Path::cpu);
   }
 }
 
@@ -251,7 +251,8 @@ TEST(OptimizerGpu, DeviceSumOfSquaresIsDeterministicAndAccurate) {
   DeviceMem dev;
   void* dg = dev.alloc(n * 4);
   dev.upload(dg, g.data(), n * 4);
-  DeviceSumsq s;
+  const auto a = alloc::make_default_tiered_allocator();
+  DeviceSumsq s(*a);
   double r[2];
   for (double& out : r) {
     s.reset(nullptr);

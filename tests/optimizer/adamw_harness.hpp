@@ -16,10 +16,23 @@
 #include <string>
 #include <vector>
 
+#include "alloc/tiered.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/bf16.hpp"
 
 namespace ght::optimizer::test {
+
+/// The machine's tiered allocator with master, m and v placed on `t` (as a plan would).
+inline std::shared_ptr<alloc::tiered_allocator> state_on(TierKind t) {
+  std::shared_ptr<alloc::tiered_allocator> a = alloc::make_default_tiered_allocator();
+  a->set_placement([t](std::string_view, TensorClass cls) -> std::optional<TierKind> {
+    if (cls == TensorClass::master || cls == TensorClass::adam_m || cls == TensorClass::adam_v) return t;
+    return std::nullopt;
+  });
+  return a;
+}
+inline std::shared_ptr<alloc::tiered_allocator> host_state() { return state_on(TierKind::host); }
+inline std::shared_ptr<alloc::tiered_allocator> hbm_state() { return state_on(TierKind::hbm); }
 
 // ---- fp64 reference ------------------------------------------------------------------------
 
@@ -157,7 +170,7 @@ inline void make_grads(const Case& c, std::mt19937& rng, std::vector<std::vector
 /// random (also loaded into the reference), m = v = 0.
 inline std::unique_ptr<AdamW> make_optimizer(const Case& c, Mem& gmem, Mem& wmem,
                                              AdamWOptions opts,
-                                             std::shared_ptr<StateAllocator> alloc, Buffers& buf,
+                                             std::shared_ptr<alloc::tiered_allocator> alloc, Buffers& buf,
                                              std::vector<RefRegion>& ref, std::mt19937& rng) {
   buf.gmem = &gmem;
   buf.wmem = &wmem;
@@ -204,7 +217,7 @@ inline double expected_norm(const std::vector<std::vector<double>>& g) {
 
 /// 10 steps (Case::steps) on the optimizer's path against the fp64 reference.
 inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
-                               std::shared_ptr<StateAllocator> alloc, Path expected_path) {
+                               std::shared_ptr<alloc::tiered_allocator> alloc, Path expected_path) {
   std::mt19937 rng(c.seed);
   Buffers buf;
   std::vector<RefRegion> ref;
@@ -298,7 +311,7 @@ inline bool bytes_equal(const Snapshot& a, const Snapshot& b) {
 /// Two normal steps, then NaN, +Inf and -Inf injected into one gradient element (each skipped,
 /// state byte-equal, counter incremented), then a normal step that is taken again.
 inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
-                               std::shared_ptr<StateAllocator> alloc, Path expected_path) {
+                               std::shared_ptr<alloc::tiered_allocator> alloc, Path expected_path) {
   std::mt19937 rng(c.seed);
   Buffers buf;
   std::vector<RefRegion> ref;

@@ -68,9 +68,9 @@ void run_twins(const SpecCase& sc, Outcome outcome) {
   std::mt19937 rng_ref(c.seed), rng_spec(c.seed);
   AdamWOptions o_ref = o;
   o_ref.speculate_bytes = 0;
-  auto ref = test::make_optimizer(c, dev, dev, o_ref, make_host_state_allocator(), buf_ref, unused, rng_ref);
+  auto ref = test::make_optimizer(c, dev, dev, o_ref, test::host_state(), buf_ref, unused, rng_ref);
   o.speculate_bytes = std::size_t{64} << 20;
-  auto spec = test::make_optimizer(c, dev, dev, o, make_host_state_allocator(), buf_spec, unused, rng_spec);
+  auto spec = test::make_optimizer(c, dev, dev, o, test::host_state(), buf_spec, unused, rng_spec);
   ASSERT_EQ(ref->speculate_capacity(), 0u);
   ASSERT_EQ(spec->speculate_capacity(), std::size_t{64} << 20);
   std::size_t total = 0;
@@ -171,7 +171,7 @@ TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) 
     AdamWOptions o = options(PathChoice::gpu_link, 1000, 0, LinkMode::dma);
     o.speculate_bytes = std::size_t{1} << 20;
     test::Buffers buf;
-    auto opt = test::make_optimizer(c, dev, dev, o, make_host_state_allocator(), buf, unused, rng);
+    auto opt = test::make_optimizer(c, dev, dev, o, test::host_state(), buf, unused, rng);
     EXPECT_EQ(opt->speculate_region(0, 1e-3, nullptr), Speculation::no_room);
     EXPECT_EQ(opt->speculate_region(1, 1e-3, nullptr), Speculation::done);
     const StepResult res = opt->step(1e-3);
@@ -181,7 +181,7 @@ TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) 
     AdamWOptions o = options(PathChoice::gpu_link, 1000);
     o.speculate_bytes = 0;
     test::Buffers buf;
-    auto opt = test::make_optimizer(c, dev, dev, o, make_host_state_allocator(), buf, unused, rng);
+    auto opt = test::make_optimizer(c, dev, dev, o, test::host_state(), buf, unused, rng);
     EXPECT_EQ(opt->speculate_capacity(), 0u);
     EXPECT_EQ(opt->speculate_region(1, 1e-3, nullptr), Speculation::no_room);
   }
@@ -199,7 +199,7 @@ TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) 
     AdamWOptions o = options(PathChoice::gpu_link);
     o.speculate_bytes = std::size_t{1} << 20;
     test::Buffers buf;
-    auto opt = test::make_optimizer(c, pinned, dev, o, make_host_state_allocator(), buf, unused, rng);
+    auto opt = test::make_optimizer(c, pinned, dev, o, test::host_state(), buf, unused, rng);
     EXPECT_EQ(opt->speculate_region(0, 1e-3, nullptr), Speculation::ineligible);
   }
 }
@@ -215,7 +215,7 @@ TEST(SpeculationLimits, CancelRestoresEveryByteAndSaveStateRefusesAnOpenSpeculat
     AdamWOptions o = options(PathChoice::gpu_link, 1000, 0, mode);
     o.speculate_bytes = std::size_t{16} << 20;
     test::Buffers buf;
-    auto opt = test::make_optimizer(c, dev, dev, o, make_host_state_allocator(), buf, unused, rng);
+    auto opt = test::make_optimizer(c, dev, dev, o, test::host_state(), buf, unused, rng);
     std::vector<std::vector<double>> g_ref;
     std::vector<std::vector<unsigned char>> g_raw;
     test::make_grads(c, rng, g_ref, g_raw);

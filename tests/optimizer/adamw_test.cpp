@@ -40,7 +40,7 @@ TEST_P(AdamWCpuReference, TenStepsMatchFp64Reference) {
   c.grad_type = GetParam().grad_type;
   c.clip = GetParam().clip;
   test::Mem host;
-  test::run_reference_case(c, host, host, cpu_options(), make_host_state_allocator(), Path::cpu);
+  test::run_reference_case(c, host, host, cpu_options(), test::host_state(), Path::cpu);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -62,7 +62,7 @@ TEST(AdamWCpu, NonFiniteGuardLeavesEveryByteUnchanged) {
     Case c;
     c.grad_type = t;
     test::Mem host;
-    test::run_nonfinite_case(c, host, host, cpu_options(), make_host_state_allocator(), Path::cpu);
+    test::run_nonfinite_case(c, host, host, cpu_options(), test::host_state(), Path::cpu);
   }
 }
 
@@ -81,7 +81,7 @@ TEST(AdamWCpu, SingleThreadAndTeamGiveIdenticalState) {
     std::vector<std::vector<unsigned char>> g_raw;
     c.hyper.max_grad_norm = 1.0;
     auto opt = test::make_optimizer(c, host, host, cpu_options(threads),
-                                    make_host_state_allocator(), buf, ref, rng);
+                                    test::host_state(), buf, ref, rng);
     for (int s = 0; s < c.steps; ++s) {
       test::make_grads(c, rng, g_ref, g_raw);
       for (std::size_t r = 0; r < c.sizes.size(); ++r) {

@@ -125,14 +125,13 @@ std::pair<std::uint64_t, std::uint64_t> used_bytes(const Plan& p) {
     if (d.tier == TierKind::hbm) {
       hbm += d.mode == Mode::recompute ? *r.recompute_bytes : r.bytes;
     } else {
+      hbm += r.hbm_bytes_on_host;  // a streamed gradient's micro-batch buffer
       host += r.host_bytes.value_or(r.bytes);
       streams |= r.cls == TensorClass::grad;
     }
   }
-  if (streams && p.options().link.kind != LinkKind::none) {
-    hbm += p.options().stream_staging_bytes;
-    host += p.options().stream_staging_bytes;
-  }
+  // The stream stages through pinned host memory only.
+  if (streams && p.options().link.kind != LinkKind::none) host += p.options().stream_staging_bytes;
   return {hbm, host};
 }
 

@@ -35,9 +35,16 @@
 #include "trainer/model.hpp"
 #include "trainer/train.hpp"
 #include "trainer/model_config.hpp"
+#include "trainer/train_run_util.hpp"
 
 namespace ght::trainer {
 namespace {
+
+using test::read_log;
+using test::RunLog;
+using test::small_run_config;
+using test::TempDir;
+using test::write_random_corpus;
 
 ModelConfig test_config(int top_k) {
   // The `small` preset's widths (d 256, 8 heads of 32, 2 kv heads, 8 experts of 256, byte
@@ -393,68 +400,6 @@ TEST(CudaModel, RejectsBadInputs) {
 
 
 // ---- the training loop ------------------------------------------------------------------------
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "ght_cuda_train_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  [[nodiscard]] std::string str(const std::string& sub = "") const { return (path / sub).string(); }
-};
-
-// step -> loss and step -> eval loss of a run's log.jsonl.
-struct RunLog {
-  std::map<std::int64_t, double> loss, eval;
-};
-RunLog read_log(const std::string& run_dir) {
-  RunLog r;
-  std::ifstream in(run_dir + "/log.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.at("type") == "step") r.loss[j.at("step").get<std::int64_t>()] = j.at("loss").get<double>();
-    if (j.at("type") == "eval") r.eval[j.at("step").get<std::int64_t>()] = j.at("eval_loss").get<double>();
-  }
-  return r;
-}
-
-TrainConfig small_run_config(const std::string& data, const std::string& out) {
-  TrainConfig c;
-  c.model = preset("tiny");
-  c.model.seq_len = 64;
-  c.model.micro_batch = 4;
-  c.model.grad_accum = 2;  // exercises accumulation and the per-unit gradient zeroing
-  c.data = data;
-  c.out = out;
-  c.steps = 6;
-  c.eval_every = 3;
-  c.eval_batches = 2;
-  c.log_every = 1;
-  c.schedule.lr = 2e-3;
-  c.schedule.min_lr = 2e-4;
-  c.schedule.warmup_steps = 2;
-  c.schedule.total_steps = c.steps;
-  return c;
-}
-
-void write_random_corpus(const std::string& dir) {
-  std::filesystem::create_directories(dir);
-  std::mt19937 gen(5);
-  // A skewed distribution, so that a few steps visibly lower the loss.
-  std::geometric_distribution<int> tok(0.05);
-  auto make = [&](std::size_t n) {
-    std::vector<std::uint32_t> v(n);
-    for (auto& x : v) x = static_cast<std::uint32_t>(std::min(tok(gen), 255));
-    return v;
-  };
-  write_shard(dir + "/train_000000.bin", make(200000), TokenDtype::u16);
-  write_shard(dir + "/val_000000.bin", make(20000), TokenDtype::u16);
-}
 
 // The CUDA loop against the CPU loop on the same config, seed and data; then exact-position resume.
 TEST(CudaTrain, TracksCpuLoopAndResumes) {

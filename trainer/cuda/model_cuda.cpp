@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include "alloc/block.hpp"
 #include "kernels/cuda/embedding.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/lm_head_ce.hpp"
@@ -194,10 +195,10 @@ struct CudaMoEModel::Impl {
   std::int64_t QKV = 0, QK = 0, HD = 0;
   cudaStream_t stream = nullptr;
 
-  // Device memory, tracked by class for reports.
+  // Device memory from the run's tiered allocator (HBM, no spill), tracked by class for reports.
+  std::shared_ptr<alloc::tiered_allocator> allocator;
   struct Block {
-    void* p;
-    std::size_t bytes;
+    alloc::unique_block mem;
     MemClass cls;
   };
   std::vector<Block> blocks;
@@ -225,6 +226,7 @@ struct CudaMoEModel::Impl {
 
   std::size_t slot_bytes = 0;
   char* slot_dev = nullptr;
+  alloc::unique_block slot_host_mem;  // host (pinned on PCIe): loss read-back
   char* slot_host = nullptr;
   cudaEvent_t slot_event[kLossSlots] = {};
 
@@ -238,13 +240,12 @@ struct CudaMoEModel::Impl {
 
   void release() noexcept {
     if (stream != nullptr) (void)cudaStreamSynchronize(stream);
-    for (const Block& b : blocks) (void)cudaFree(b.p);
-    blocks.clear();
+    blocks.clear();  // each block goes back to the allocator
     for (cudaEvent_t& e : slot_event) {
       if (e != nullptr) (void)cudaEventDestroy(e);
       e = nullptr;
     }
-    if (slot_host != nullptr) (void)cudaFreeHost(slot_host);
+    slot_host_mem.reset();
     slot_host = nullptr;
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
     stream = nullptr;
@@ -252,29 +253,26 @@ struct CudaMoEModel::Impl {
 
   // ---- memory ----
   void* alloc(std::size_t bytes, MemClass cls, const char* what) {
+    static constexpr TensorClass kClass[4] = {TensorClass::weight, TensorClass::grad,
+                                              TensorClass::activation, TensorClass::other};
     bytes = std::max<std::size_t>(bytes, 256);
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw ght::out_of_memory("CUDA model: cudaMalloc of " + config::format_bytes(bytes) +
-                               " for '" + what + "' failed (" + cudaGetErrorString(err) + "); " +
-                               memory_report());
-    }
-    blocks.push_back({p, bytes, cls});
+    // HBM only: kernels read these through device pointers. The typed out_of_memory from the
+    // allocator names the tier budgets; the trainer adds what to raise.
+    const alloc::AllocRequest req{kClass[cls], std::string("model.") + what, TierKind::hbm, false};
+    blocks.push_back({alloc::unique_block(*allocator, bytes, req, stream), cls});
     bytes_by_class[cls] += bytes;
-    return p;
+    return blocks.back().mem.get();
   }
 
   void free_class(MemClass cls) {
-    GHT_CUDA_TRY(cudaStreamSynchronize(stream));
+    // Stream-ordered frees: the next allocation on `stream` may reuse the bytes at once.
     std::vector<Block> keep;
-    for (const Block& b : blocks) {
+    for (Block& b : blocks) {
       if (b.cls == cls) {
-        GHT_CUDA_TRY(cudaFree(b.p));
-        bytes_by_class[cls] -= b.bytes;
+        bytes_by_class[cls] -= b.mem.bytes();
+        b.mem.reset(stream);
       } else {
-        keep.push_back(b);
+        keep.push_back(std::move(b));
       }
     }
     blocks = std::move(keep);
@@ -329,6 +327,7 @@ struct CudaMoEModel::Impl {
   void setup(ModelConfig c, CudaModelOptions o) {
     cfg = std::move(c);
     opts = std::move(o);
+    allocator = opts.allocator ? opts.allocator : alloc::make_default_tiered_allocator();
     tensors = model_tensor_list(cfg);
     d = cfg.d_model; H = cfg.heads; KV = cfg.kv_heads; D = cfg.head_dim; E = cfg.experts;
     K = cfg.top_k; F = cfg.expert_ffn; V = cfg.vocab; L = cfg.layers;
@@ -373,8 +372,9 @@ struct CudaMoEModel::Impl {
 
     slot_bytes = (8 + 8 * static_cast<std::size_t>(L) + 255) / 256 * 256;
     slot_dev = as<char>(alloc(slot_bytes * kLossSlots, kWork, "loss slots"));
-    GHT_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&slot_host), slot_bytes * kLossSlots,
-                               cudaHostAllocDefault));
+    slot_host_mem = alloc::unique_block(*allocator, slot_bytes * kLossSlots,
+                                        {TensorClass::other, "model.loss_slots_host", TierKind::host, false});
+    slot_host = slot_host_mem.as<char>();
     for (cudaEvent_t& e : slot_event) GHT_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     scratch_losses = as<kc::RouterLossesDevice>(
         alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));

@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "alloc/tiered.hpp"
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/expert_gemm.hpp"
 #include "optimizer/adamw_kernels.hpp"
@@ -49,6 +50,9 @@
 namespace ght::trainer {
 
 struct CudaModelOptions {
+  /// Where every device byte (weights, gradients, activations, scratch) comes from: HBM of this
+  /// allocator, never spilled. Null: alloc::make_default_tiered_allocator().
+  std::shared_ptr<alloc::tiered_allocator> allocator;
   optimizer::GradType grad_type = optimizer::GradType::fp32;  ///< gradient buffer element type
   /// Expert GEMM implementation (bench/results/2026-11-30-h200-expert-streams.md: the streams
   /// variant is 19% faster than the serial loop on the bench-h200 shape). The cuBLASLt ones need the expert offsets on the host: the model

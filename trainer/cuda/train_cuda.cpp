@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "alloc/block.hpp"
+#include "alloc/tiered.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw.hpp"
 #include "tier/config.hpp"
@@ -42,102 +44,35 @@ constexpr double kPeakFlops = 989.4e12;  // dense bf16 peak of an H100/H200 SXM 
 
 // ---- placement -----------------------------------------------------------------------------
 
-// The plan's region group of a parameter tensor (trainer/regions.hpp naming).
-std::string plan_group(const std::string& name) {
-  if (name == "model.embed_tokens.weight") return "embed";
-  if (name == "lm_head.weight") return "lm_head";
-  if (name == "model.norm.weight") return "final_norm";
-  const std::string pre = "model.layers.";
-  if (name.rfind(pre, 0) == 0) {
-    const std::size_t dot = name.find('.', pre.size());
-    const std::string layer = "layer" + name.substr(pre.size(), dot - pre.size());
-    const std::string ex = ".mlp.experts.";
-    const std::size_t e = name.find(ex, dot);
-    if (e != std::string::npos) {
-      const std::size_t s = e + ex.size();
-      return layer + ".expert" + name.substr(s, name.find('.', s) - s);
-    }
-    return layer + ".attn";
-  }
-  return name;
+// The plan this run follows, made for the allocator's own budgets so that what it predicts is
+// what the allocator enforces: greedy by default (GHT_POLICY), GHT_PLACE rules when set.
+tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a) {
+  const config::Registry& reg = config::cfg();
+  const tier::LinkNumbers link = tier::resolve_link_numbers();
+  const tier::Capacities caps = tier::machine_capacities();
+  tier::PlanOptions options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
+  options.budgets.hbm = a.report(TierKind::hbm).budget;
+  options.budgets.host = a.report(TierKind::host).budget;
+  return tier::make_plan(model_regions(mc), options);
 }
 
-struct Placement {
-  std::optional<tier::Plan> plan;
-  bool follow = false;  // the plan's state/grad/activation choices are obeyed
-  std::string why;
-};
-
-Placement make_placement(const ModelConfig& mc, const std::function<void(const std::string&)>& say) {
-  Placement p;
-  auto& reg = config::cfg();
-  const bool place_set = !reg.is_empty(config::Key::GHT_PLACE);
-  const bool policy_set = reg.source(config::Key::GHT_POLICY) != config::Source::Default;
-  try {
-    const tier::LinkNumbers link = tier::resolve_link_numbers();
-    const tier::Capacities caps = tier::machine_capacities();
-    const auto options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
-    p.plan = tier::make_plan(model_regions(mc), options);
-  } catch (const std::exception& e) {
-    // A plan the user asked for must exist; otherwise fall back to the documented defaults.
-    if (place_set || policy_set) throw;
-    say(std::string("plan: not available (") + e.what() + "); using the defaults below");
-  }
-  p.follow = p.plan.has_value() && (place_set || policy_set);
-  p.why = p.follow ? "following the plan (GHT_PLACE/GHT_POLICY set)"
-                   : "defaults: state on the host, gradients in HBM, no recompute "
-                     "(set GHT_PLACE or GHT_POLICY to follow the plan)";
-  return p;
-}
-
-// Master/m/v per region on the tier a function picks: HBM through cudaMalloc, host through the
-// optimizer's mapped pinned allocator. Counts bytes per tier for reports.
-class TierStateAllocator final : public optimizer::StateAllocator {
- public:
-  using TierFn = std::function<TierKind(const std::string& region, TensorClass cls)>;
-  explicit TierStateAllocator(TierFn fn)
-      : fn_(std::move(fn)), host_(optimizer::make_host_state_allocator()) {}
-  optimizer::StateBuffer allocate(std::size_t bytes, TensorClass cls, const std::string& region) override {
-    const TierKind t = fn_(region, cls);
-    if (t == TierKind::hbm && !dev_) dev_ = optimizer::make_device_state_allocator();
-    optimizer::StateBuffer b = (t == TierKind::hbm ? *dev_ : *host_).allocate(bytes, cls, region);
-    bytes_[static_cast<int>(b.tier)] += bytes;
-    return b;
-  }
-  void deallocate(const optimizer::StateBuffer& b, std::size_t bytes, TensorClass cls) noexcept override {
-    bytes_[static_cast<int>(b.tier)] -= bytes;
-    (b.tier == TierKind::hbm ? *dev_ : *host_).deallocate(b, bytes, cls);
-  }
-  [[nodiscard]] std::uint64_t bytes(TierKind t) const { return bytes_[static_cast<int>(t)]; }
-
- private:
-  TierFn fn_;
-  std::shared_ptr<optimizer::StateAllocator> host_, dev_;
-  std::uint64_t bytes_[2] = {0, 0};
-};
-
-// fp32 host accumulators for streamed gradients: mapped pinned, so the gpu_link AdamW reads
-// them over the link.
-class HostGradBuffer {
- public:
-  explicit HostGradBuffer(std::size_t n) : n_(n) {
-    const cudaError_t err = cudaHostAlloc(&p_, std::max<std::size_t>(n * 4, 64), cudaHostAllocMapped | cudaHostAllocPortable);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw ght::out_of_memory("host gradient accumulator: cudaHostAlloc of " + config::format_bytes(n * 4) +
-                               " failed: " + cudaGetErrorString(err));
+// What the allocator holds, per tier and per class on each tier: {"hbm": {"current", "peak",
+// "classes": {"weight": {"current", "peak"}, ...}}, "host": {...}}.
+nlohmann::ordered_json memory_json(const alloc::tiered_allocator& a) {
+  nlohmann::ordered_json j;
+  for (TierKind t : {TierKind::hbm, TierKind::host}) {
+    const alloc::Usage u = a.tier_usage(t);
+    nlohmann::ordered_json cls = nlohmann::ordered_json::object();
+    for (int c = 0; c < kNumTensorClasses; ++c) {
+      const alloc::Usage cu = a.tier_class_usage(t, static_cast<TensorClass>(c));
+      if (cu.count > 0) {
+        cls[std::string(ght::to_string(static_cast<TensorClass>(c)))] = {{"current", cu.current}, {"peak", cu.peak}};
+      }
     }
+    j[std::string(ght::to_string(t))] = {{"current", u.current}, {"peak", u.peak}, {"classes", cls}};
   }
-  ~HostGradBuffer() { (void)cudaFreeHost(p_); }
-  HostGradBuffer(const HostGradBuffer&) = delete;
-  HostGradBuffer& operator=(const HostGradBuffer&) = delete;
-  [[nodiscard]] float* data() { return static_cast<float*>(p_); }
-  [[nodiscard]] std::size_t bytes() const { return n_ * 4; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+  return j;
+}
 
 // ---- timing --------------------------------------------------------------------------------
 
@@ -258,6 +193,15 @@ class CudaRun {
   void write_profile();
   std::size_t profile_written_ = 0;
   std::string stats_report() const;
+  /// Bytes of fp32 master, m and v the allocator placed on tier t.
+  [[nodiscard]] std::uint64_t state_bytes(TierKind t) const {
+    if (!alloc_) return 0;
+    std::uint64_t b = 0;
+    for (TensorClass c : {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v}) {
+      b += alloc_->tier_class_usage(t, c).current;
+    }
+    return b;
+  }
   void before_unit_forward(int u);
   void after_unit_backward(int u);
   void stream_unit(int u);
@@ -268,15 +212,15 @@ class CudaRun {
   TrainSummary summary_;
   DataSplit split_;
   std::unique_ptr<DataLoader> loader_;
-  Placement placement_;
+  std::optional<tier::Plan> plan_;
   bool stream_grads_ = false;
   std::vector<bool> recompute_;
   // Declaration order is destruction order reversed: the optimizer (which reads the gradient
-  // buffers and writes the model's weights) goes first.
+  // buffers and writes the model's weights) goes first, the allocator they all use last.
+  std::shared_ptr<alloc::tiered_allocator> alloc_;  // every byte of the run, placed by plan_
   std::unique_ptr<CudaMoEModel> model_;
-  std::unique_ptr<HostGradBuffer> host_grads_;
+  alloc::unique_block host_grads_;  // stream mode: fp32 host accumulator (mapped pinned on PCIe)
   std::unique_ptr<optimizer::GradStreamAccumulator> acc_;
-  std::shared_ptr<TierStateAllocator> state_alloc_;
   std::unique_ptr<optimizer::AdamW> opt_;
   std::unique_ptr<MetricsLogger> log_;
   std::vector<std::vector<std::size_t>> unit_regions_;  // regions (tensors) of each unit
@@ -330,22 +274,28 @@ void CudaRun::setup() {
   lo.vocab = mc.vocab;
   loader_ = std::make_unique<DataLoader>(split_.train, lo);
 
-  // ---- the plan ----
-  placement_ = make_placement(mc, [&](const std::string& s) { say(s); });
-  if (placement_.plan) say("plan:\n" + placement_.plan->format_table(false));
-  say("placement: " + placement_.why);
-  const optimizer::PathChoice choice = optimizer::path_choice_from_config();
+  // ---- the allocator and the plan it follows ----
+  alloc_ = alloc::make_default_tiered_allocator();
+  plan_ = make_run_plan(mc, *alloc_);
+  const tier::Plan& plan = *plan_;
+  say("plan (" + std::string(tier::to_string(plan.options().policy)) + "; set GHT_POLICY or GHT_PLACE to change it):\n" +
+      plan.format_table(false));
+  // State allocations carry their tensor's name; the plan knows them by group and class.
+  alloc_->set_placement([&plan](std::string_view region, TensorClass cls) -> std::optional<TierKind> {
+    if (const tier::Decision* d = plan.find(plan_region_of(region, cls))) return d->tier;
+    return std::nullopt;
+  });
+  // One gradient buffer for the whole model: it is streamed when the plan streams any of it
+  // (HBM then holds only the bf16 micro-batch gradient, less than the plan predicts for "mixed").
+  const std::string grad_mode = plan.mode_summary(TensorClass::grad);
+  stream_grads_ = grad_mode == "stream" || grad_mode == "mixed";
+  if (grad_mode == "mixed") {
+    say("note: the plan streams some gradient regions; the model has one gradient buffer, so all are streamed");
+  }
   recompute_.assign(static_cast<std::size_t>(mc.layers), false);
-  if (placement_.follow) {
-    const tier::Plan& plan = *placement_.plan;
-    stream_grads_ = plan.mode_summary(TensorClass::grad) == "stream";
-    if (plan.mode_summary(TensorClass::grad) == "mixed") {
-      say("note: the plan streams only some gradient regions; all gradients are accumulated in HBM");
-    }
-    for (int l = 0; l < mc.layers; ++l) {
-      const tier::Decision* d = plan.find("layer" + std::to_string(l) + ".activation");
-      recompute_[static_cast<std::size_t>(l)] = d != nullptr && d->mode == tier::Mode::recompute;
-    }
+  for (int l = 0; l < mc.layers; ++l) {
+    const tier::Decision* d = plan.find("layer" + std::to_string(l) + ".activation");
+    recompute_[static_cast<std::size_t>(l)] = d != nullptr && d->mode == tier::Mode::recompute;
   }
 
   // ---- the model ----
@@ -362,20 +312,16 @@ void CudaRun::setup() {
                    : gemm == "custom"           ? kernels::cuda::GroupedGemmImpl::custom
                    : gemm == "cublaslt_streams" ? kernels::cuda::GroupedGemmImpl::cublaslt_streams
                                                 : kernels::cuda::GroupedGemmImpl::cublaslt_loop;
+  mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
   for (int u = 0; u < U; ++u) unit_range_.push_back(model_->unit_range(u));
 
   // ---- the optimizer ----
-  const tier::Plan* plan = placement_.follow ? &*placement_.plan : nullptr;
-  state_alloc_ = std::make_shared<TierStateAllocator>([choice, plan](const std::string& region, TensorClass cls) {
-    if (choice == optimizer::PathChoice::device) return TierKind::hbm;
-    if (choice != optimizer::PathChoice::automatic || plan == nullptr) return TierKind::host;
-    return plan->tier_for(plan_group(region) + "." + std::string(ght::to_string(cls)), cls);
-  });
   if (stream_grads_) {
-    host_grads_ = std::make_unique<HostGradBuffer>(model_->num_params());
-    acc_ = std::make_unique<optimizer::GradStreamAccumulator>();
+    host_grads_ = alloc::unique_block(*alloc_, model_->num_params() * sizeof(float),
+                                      {TensorClass::grad, "model.grads_host_accumulator", TierKind::host, false});
+    acc_ = std::make_unique<optimizer::GradStreamAccumulator>(optimizer::GradStreamAccumulator::Options{}, alloc_);
   }
   std::vector<optimizer::Region> regions;
   const auto& ts = model_->tensors();
@@ -388,7 +334,7 @@ void CudaRun::setup() {
     g.weight_decay = t.decay;
     g.weight = model_->weights() + t.offset;
     if (stream_grads_) {
-      g.grad = host_grads_->data() + t.offset;
+      g.grad = host_grads_.as<float>() + t.offset;
     } else {
       g.grad = static_cast<float*>(model_->grads()) + t.offset;
     }
@@ -404,7 +350,7 @@ void CudaRun::setup() {
   optimizer::AdamWOptions ao;
   ao.hyper = cfg_.adam;
   ao.cpu_threads = cfg_.threads;
-  opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, state_alloc_);
+  opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, alloc_);
 
   // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
   std::size_t by_path[3] = {0, 0, 0};
@@ -448,10 +394,10 @@ void CudaRun::setup() {
       std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
       std::string(kernels::cuda::to_string(model_->options().expert_impl)));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
-      (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_->bytes()) + " fp32 host accumulator)"
+      (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_.bytes()) + " fp32 host accumulator)"
                      : " (fp32, accumulated in HBM)") +
-      "; optimizer state HBM " + config::format_bytes(state_alloc_->bytes(TierKind::hbm)) + ", host " +
-      config::format_bytes(state_alloc_->bytes(TierKind::host)));
+      "; optimizer state HBM " + config::format_bytes(state_bytes(TierKind::hbm)) + ", host " +
+      config::format_bytes(state_bytes(TierKind::host)));
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
@@ -561,7 +507,7 @@ void CudaRun::stream_unit(int u) {
   // The accumulator waits for everything queued on its producer stream; a side stream that
   // waits only for this unit's backward keeps it from waiting for the next unit's as well.
   GHT_CUDA_TRY(cudaStreamWaitEvent(grad_ready_stream_, unit_done_[static_cast<std::size_t>(u)].get(), 0));
-  acc_->run(host_grads_->data() + a, static_cast<const char*>(model_->grads()) + a * 2, optimizer::GradType::bf16,
+  acc_->run(host_grads_.as<float>() + a, static_cast<const char*>(model_->grads()) + a * 2, optimizer::GradType::bf16,
             e - a, micro_ == 0 ? optimizer::AccumulateMode::assign : optimizer::AccumulateMode::add,
             grad_ready_stream_);
   stream_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -668,6 +614,13 @@ void CudaRun::step_once() {
   p.spec_host_ms = spec_host_ms_;
   if (step_ == summary_.first_step + 1) {
     log_->print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
+    const tier::Prediction& pr = plan_->prediction();
+    const alloc::Usage hbm = alloc_->tier_usage(TierKind::hbm), host = alloc_->tier_usage(TierKind::host);
+    log_->print("memory after the first step: HBM peak " + config::format_bytes(hbm.peak) + " (plan " +
+                config::format_bytes(pr.hbm_bytes) + ", " + fmt("%.3f", static_cast<double>(hbm.peak) / std::max<double>(1, static_cast<double>(pr.hbm_bytes))) +
+                "x), host peak " + config::format_bytes(host.peak) + " (plan " + config::format_bytes(pr.host_bytes) +
+                ", " + fmt("%.3f", static_cast<double>(host.peak) / std::max<double>(1, static_cast<double>(pr.host_bytes))) +
+                "x), " + std::to_string(alloc_->spill_count()) + " spills");
   }
   if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
     profile_.push_back(p);
@@ -690,6 +643,7 @@ void CudaRun::step_once() {
   rec.skipped_steps = opt_->stats().steps_skipped_nonfinite;
   log_->log_step(rec);
   nlohmann::ordered_json pj = p.json();
+  pj["memory"] = memory_json(*alloc_);
   pj["type"] = "profile";
   log_->log_event(pj);
   if (cfg_.log_every > 0 && (step_ % cfg_.log_every == 0 || step_ == cfg_.steps)) {
@@ -783,10 +737,20 @@ void CudaRun::write_profile() {
       {"speculation_undone", "the step clipped or was skipped, so those updates were recomputed or restored"},
       {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"}};
   nlohmann::ordered_json pl;
-  pl["placement"] = placement_.why;
+  pl["placement"] = plan_ ? "plan (" + std::string(tier::to_string(plan_->options().policy)) + ")" : "none";
   pl["gradients"] = stream_grads_ ? "stream (bf16 -> fp32 host accumulator)" : "accumulate in HBM (fp32)";
-  pl["state_hbm_bytes"] = state_alloc_ ? state_alloc_->bytes(TierKind::hbm) : 0;
-  pl["state_host_bytes"] = state_alloc_ ? state_alloc_->bytes(TierKind::host) : 0;
+  pl["state_hbm_bytes"] = state_bytes(TierKind::hbm);
+  pl["state_host_bytes"] = state_bytes(TierKind::host);
+  if (plan_) {
+    pl["plan_hbm_bytes"] = plan_->prediction().hbm_bytes;
+    pl["plan_host_bytes"] = plan_->prediction().host_bytes;
+    pl["hbm_budget"] = plan_->options().budgets.hbm;
+    pl["host_budget"] = plan_->options().budgets.host;
+  }
+  if (alloc_) {
+    pl["memory"] = memory_json(*alloc_);
+    pl["spills"] = alloc_->spill_count();
+  }
   int rc = 0;
   for (bool b : recompute_) rc += b ? 1 : 0;
   pl["recomputed_layers"] = rc;
@@ -819,11 +783,11 @@ void CudaRun::write_profile() {
 std::string CudaRun::stats_report() const {
   std::string s;
   if (model_) s += model_->memory_report();
-  if (state_alloc_) {
-    s += "; optimizer state: HBM " + config::format_bytes(state_alloc_->bytes(TierKind::hbm)) + ", host " +
-         config::format_bytes(state_alloc_->bytes(TierKind::host)) + " (mapped pinned)";
+  if (alloc_) {
+    s += "; optimizer state: HBM " + config::format_bytes(state_bytes(TierKind::hbm)) + ", host " +
+         config::format_bytes(state_bytes(TierKind::host));
   }
-  if (host_grads_) s += "; host gradient accumulator " + config::format_bytes(host_grads_->bytes());
+  if (host_grads_) s += "; host gradient accumulator " + config::format_bytes(host_grads_.bytes());
   return s;
 }
 

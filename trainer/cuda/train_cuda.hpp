@@ -3,14 +3,17 @@
  * @file train_cuda.hpp
  * @brief The training loop on the CUDA backend: same configuration, data order, schedule,
  * logging, evaluation and checkpoint format as the CPU loop (trainer/train.cpp), with
- *  - bf16 weights in HBM (trainer/cuda/model_cuda.hpp);
- *  - fp32 master/m/v from the optimizer's StateAllocator: host (mapped pinned) by default, HBM
- *    with GHT_OPTIMIZER=device, or per region as the plan says when GHT_PLACE or GHT_POLICY is
- *    set explicitly;
- *  - gradients accumulated in HBM (fp32), or, when the plan streams them, copied as bf16 to the
+ *  - one alloc::tiered_allocator for the run (alloc::make_default_tiered_allocator(): the
+ *    GHT_* budgets), from which every byte comes, with the plan installed in it. The plan
+ *    (greedy by default; GHT_POLICY, GHT_PLACE) is made for that allocator's budgets and
+ *    printed at the start;
+ *  - bf16 weights, gradients and activations in HBM (trainer/cuda/model_cuda.hpp);
+ *  - fp32 master/m/v per region where the plan puts it (HBM where it fits, the rest on the
+ *    host, region by region); GHT_OPTIMIZER=device|gpu_link|cpu overrides it;
+ *  - gradients accumulated in HBM (fp32), or, when the plan streams any, copied as bf16 to the
  *    host after each unit's backward and added into fp32 host accumulators (optimizer/
  *    accumulate.hpp);
- *  - per-layer activation recompute where the plan chooses it (same condition as above);
+ *  - per-layer activation recompute where the plan chooses it;
  *  - AdamW (optimizer/adamw.hpp) with one region per tensor. The global-norm clip and the
  *    non-finite guard need every gradient, so the updates are launched right after the last
  *    backward, in forward order, on the optimizer's stream; the next step's forward waits per

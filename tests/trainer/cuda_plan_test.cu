@@ -1,0 +1,133 @@
+// The CUDA trainer follows its plan, through one tiered allocator: with no GHT_* set the state
+// stays in HBM where it fits; a smaller HBM budget moves part of it to the host, region by
+// region, with the allocator's per-tier bytes matching the plan's prediction; a budget nothing
+// fits in is a typed out-of-memory error that names the variable to raise.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/gpu.hpp"
+#include "tier/config.hpp"
+#include "tier/error.hpp"
+#include "trainer/cuda/train_cuda.hpp"
+#include "trainer/train_run_util.hpp"
+
+namespace ght::trainer {
+namespace {
+
+using test::small_run_config;
+using test::TempDir;
+using test::write_random_corpus;
+
+// Sets GHT_* flags for one scope and puts the previous values back.
+class ScopedFlags {
+ public:
+  ScopedFlags(const char* name, config::Key key, const std::string& value) {
+    saved_.emplace_back(name, config::cfg().text(key));
+    config::cfg().set_flag(name, value);
+  }
+  ~ScopedFlags() {
+    for (const auto& [name, value] : saved_) config::cfg().set_flag(name, value);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+nlohmann::json placement_of(const std::string& run_dir) {
+  std::ifstream pf(run_dir + "/profile.json");
+  EXPECT_TRUE(pf.good()) << run_dir << "/profile.json is missing";
+  if (!pf.good()) return {};
+  return nlohmann::json::parse(pf).at("placement");
+}
+
+double ratio(std::uint64_t measured, std::uint64_t predicted) {
+  return static_cast<double>(measured) / static_cast<double>(std::max<std::uint64_t>(predicted, 1));
+}
+
+TrainConfig plan_run(const TempDir& tmp, const std::string& name) {
+  TrainConfig c = small_run_config(tmp.str("data"), tmp.str(name));
+  c.backend = "cuda";
+  c.steps = 2;
+  c.eval_every = 0;
+  return c;
+}
+
+TrainRunOptions profiled() {
+  TrainRunOptions r;
+  r.quiet = true;
+  r.profile_steps = 2;
+  return r;
+}
+
+TEST(CudaTrainPlan, DefaultKeepsStateInHbmAndMatchesThePlan) {
+  GHT_REQUIRE_GPU();
+  TempDir tmp;
+  write_random_corpus(tmp.str("data"));
+  (void)train_cuda(plan_run(tmp, "default"), profiled());
+  const nlohmann::json pl = placement_of(tmp.str("default"));
+  ASSERT_FALSE(pl.empty());
+  EXPECT_EQ(pl.at("state_host_bytes").get<std::uint64_t>(), 0u) << pl.dump(2);
+  EXPECT_GT(pl.at("state_hbm_bytes").get<std::uint64_t>(), 0u);
+  const auto peak = pl.at("memory").at("hbm").at("peak").get<std::uint64_t>();
+  const auto plan = pl.at("plan_hbm_bytes").get<std::uint64_t>();
+  std::printf("HBM peak %llu, plan %llu, ratio %.4f\n", static_cast<unsigned long long>(peak),
+              static_cast<unsigned long long>(plan), ratio(peak, plan));
+  EXPECT_NEAR(ratio(peak, plan), 1.0, 0.05) << pl.dump(2);
+  EXPECT_EQ(pl.at("spills").get<std::uint64_t>(), 0u);
+}
+
+TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
+  GHT_REQUIRE_GPU();
+  TempDir tmp;
+  write_random_corpus(tmp.str("data"));
+  // The all-HBM footprint first, then a budget that holds about half of the state.
+  (void)train_cuda(plan_run(tmp, "all"), profiled());
+  const nlohmann::json all = placement_of(tmp.str("all"));
+  ASSERT_FALSE(all.empty());
+  const auto all_hbm = all.at("plan_hbm_bytes").get<std::uint64_t>();
+  const auto state = all.at("state_hbm_bytes").get<std::uint64_t>();
+  const std::uint64_t budget = all_hbm - state / 2;
+  {
+    ScopedFlags f("GHT_HBM_BUDGET", config::Key::GHT_HBM_BUDGET, std::to_string(budget));
+    (void)train_cuda(plan_run(tmp, "half"), profiled());
+  }
+  const nlohmann::json pl = placement_of(tmp.str("half"));
+  ASSERT_FALSE(pl.empty());
+  const auto st_hbm = pl.at("state_hbm_bytes").get<std::uint64_t>();
+  const auto st_host = pl.at("state_host_bytes").get<std::uint64_t>();
+  EXPECT_GT(st_hbm, 0u) << pl.dump(2);
+  EXPECT_GT(st_host, 0u) << pl.dump(2);
+  EXPECT_EQ(st_hbm + st_host, state);
+  const auto hbm_peak = pl.at("memory").at("hbm").at("peak").get<std::uint64_t>();
+  const auto host_peak = pl.at("memory").at("host").at("peak").get<std::uint64_t>();
+  std::printf("budget %llu: HBM peak %llu (plan %llu), host peak %llu (plan %llu)\n",
+              static_cast<unsigned long long>(budget), static_cast<unsigned long long>(hbm_peak),
+              static_cast<unsigned long long>(pl.at("plan_hbm_bytes").get<std::uint64_t>()),
+              static_cast<unsigned long long>(host_peak),
+              static_cast<unsigned long long>(pl.at("plan_host_bytes").get<std::uint64_t>()));
+  EXPECT_LE(hbm_peak, budget);
+  EXPECT_NEAR(ratio(hbm_peak, pl.at("plan_hbm_bytes").get<std::uint64_t>()), 1.0, 0.05) << pl.dump(2);
+  EXPECT_NEAR(ratio(st_host, pl.at("plan_host_bytes").get<std::uint64_t>()), 1.0, 0.05) << pl.dump(2);
+  EXPECT_EQ(pl.at("spills").get<std::uint64_t>(), 0u);
+}
+
+TEST(CudaTrainPlan, BudgetNothingFitsInIsATypedErrorNamingTheVariable) {
+  GHT_REQUIRE_GPU();
+  TempDir tmp;
+  write_random_corpus(tmp.str("data"));
+  ScopedFlags f("GHT_HBM_BUDGET", config::Key::GHT_HBM_BUDGET, "64KiB");
+  try {
+    (void)train_cuda(plan_run(tmp, "oom"), profiled());
+    FAIL() << "a 64 KiB HBM budget trained";
+  } catch (const ght::out_of_memory& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("GHT_HBM_BUDGET"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace ght::trainer
