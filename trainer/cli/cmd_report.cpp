@@ -309,11 +309,27 @@ std::string line_chart_svg(const Chart& c, const std::vector<Run>& runs) {
   s << "<text class=\"chart-title\" x=\"" << L << "\" y=\"20\">" << esc(c.title) << "</text>\n";
   s << "<rect class=\"plot\" x=\"" << L << "\" y=\"" << T << "\" width=\"" << pw << "\" height=\"" << ph << "\"/>\n";
   double step = 0;
-  for (double v : nice_ticks(y0, y1, 5, &step)) {
+  // Byte axes tick at round numbers of one binary unit (0, 2, 4 GiB), not of bytes (2e9 B is
+  // 1.86 GiB, which a "2 GiB" label would misstate).
+  double unit_div = 1;
+  const char* unit_name = "";
+  if (c.unit == Unit::bytes) {
+    const double top = std::max(std::fabs(y0), std::fabs(y1));
+    for (const auto& [div, name] : {std::pair{1024.0 * 1024 * 1024, "GiB"}, std::pair{1024.0 * 1024, "MiB"},
+                                    std::pair{1024.0, "KiB"}, std::pair{1.0, "B"}}) {
+      unit_div = div, unit_name = name;
+      if (top >= div) break;
+    }
+  }
+  for (double t : nice_ticks(y0 / unit_div, y1 / unit_div, 5, &step)) {
+    const double v = t * unit_div;
     const double y = sy(v);
+    const std::string label = c.unit == Unit::bytes
+                                  ? format_value(t, Unit::plain, step) + " " + unit_name
+                                  : format_value(v, c.unit, step);
     s << "<line class=\"grid\" x1=\"" << L << "\" y1=\"" << y << "\" x2=\"" << L + pw << "\" y2=\"" << y << "\"/>";
-    s << "<text class=\"tick\" x=\"" << L - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">"
-      << esc(format_value(v, c.unit, step)) << "</text>\n";
+    s << "<text class=\"tick\" x=\"" << L - 6 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << esc(label)
+      << "</text>\n";
   }
   for (double v : nice_ticks(x0, x1, 8, &step)) {
     if (step < 1 && std::fabs(v - std::round(v)) > 1e-9) continue;  // steps are whole numbers
