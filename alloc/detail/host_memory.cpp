@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "alloc/resource.hpp"
@@ -273,26 +274,38 @@ bool large_block_cache::deallocate(void* p, std::size_t bytes) {
   if (p == nullptr) return true;
   if (!cacheable(bytes)) return unmap_(p, bytes);
   const std::size_t cls = class_bytes(bytes);
+  const bool pressure = under_pressure();
   std::vector<Block> out;
-  if (under_pressure()) {
-    {
-      std::lock_guard lock(mu_);
-      take_oldest_locked(0, out);
-      if (!out.empty()) ++stats_.pressure_trims;
-      stats_.released_bytes += cls;
-    }
-    out.push_back({p, cls});
-    return release(out);
-  }
+  bool cached = false;
   {
     std::lock_guard lock(mu_);
-    take_oldest_locked(opts_.max_bytes - cls, out);  // cls <= max_block_bytes <= max_bytes
-    GHT_POISON(p, cls);
-    const auto it = lru_.insert(lru_.end(), Block{p, cls});
-    by_class_[static_cast<std::size_t>(class_index(cls))].push_back(it);
-    stats_.cached_bytes += cls;
-    cached_bytes_.store(stats_.cached_bytes, std::memory_order_relaxed);
-    ++stats_.cached_blocks;
+    // Room for every block that may leave, so nothing below throws with blocks half moved.
+    out.reserve(stats_.cached_blocks + 1);
+    if (pressure) {
+      take_oldest_locked(0, out);
+      if (!out.empty()) ++stats_.pressure_trims;
+    } else {
+      take_oldest_locked(opts_.max_bytes - cls, out);  // cls <= max_block_bytes <= max_bytes
+      try {
+        const auto it = lru_.insert(lru_.end(), Block{p, cls});
+        try {
+          by_class_[static_cast<std::size_t>(class_index(cls))].push_back(it);
+        } catch (...) {
+          lru_.erase(it);
+          throw;
+        }
+        stats_.cached_bytes += cls;
+        cached_bytes_.store(stats_.cached_bytes, std::memory_order_relaxed);
+        ++stats_.cached_blocks;
+        GHT_POISON(p, cls);
+        cached = true;
+      } catch (const std::bad_alloc&) {  // no memory to note the block: release it instead
+      }
+    }
+    if (!cached) {
+      stats_.released_bytes += cls;
+      out.push_back({p, cls});
+    }
   }
   return release(out);
 }
