@@ -24,7 +24,11 @@ with open(d + "/log.jsonl", "w") as f:
         w({"type": "step", "step": s, "loss": 5.0 - 0.1 * s, "grad_norm": 1.0, "lr": 1e-4 * s,
            "tokens_per_s": 40000 + 100 * s, "mfu": 0.40 + 0.01 * s, "elapsed_s": s,
            "hbm_bytes": (60 + s) * 2**30, "host_bytes": 200 * 2**30,
-           "mem": {"pinned": 3 * 2**30, "device_pool": {"current": 5 * 2**30, "peak": 6 * 2**30}}})
+           "mem": {"pinned": 3 * 2**30, "device_pool": {"current": 5 * 2**30, "peak": 6 * 2**30}},
+           # the statistics adaptor's JSON: "all" and each tier chart, classes do not
+           "memory": {"all": {"current": 9 * 2**30, "peak": 9 * 2**30},
+                      "tiers": {"managed": {"current": 2**30, "peak": 2**30}},
+                      "classes": {"weight": {"current": 2**30}}}})
         w({"type": "profile", "step": s, "wall_ms": 100.0 if s == 1 else 40.0,
            "forward_ms": 90.0 if s == 1 else 10.0, "backward_ms": 20.0, "opt_exposed_ms": 5.0,
            "opt_stall_ms": 3.0, "step_gap_ms": 2.0})
@@ -102,7 +106,7 @@ for s in p.svgs:
 runs = ["a", "b", "gpu"]
 expect = {"loss": runs, "eval_loss": runs, "grad_norm": runs, "lr": runs, "tokens_per_s": runs,
           "mfu": ["gpu"], "mem-hbm": ["gpu"], "mem-host": ["gpu"], "mem-pinned": ["gpu"],
-          "mem-device_pool": ["gpu"]}
+          "mem-device_pool": ["gpu"], "mem-all": ["gpu"], "mem-managed": ["gpu"]}
 for chart, want in expect.items():
     s = charts.get(chart)
     if s is None:

@@ -5,7 +5,8 @@
 //   - the per-phase step breakdown (forward, backward, exposed optimizer, other) from "profile"
 //     records in log.jsonl, or <run>/profile.json: medians as a stacked bar per run, and a table;
 //   - bytes per memory tier over steps, from step records: numeric `<tier>_bytes` fields, or a
-//     `mem` / `memory` object of name -> bytes (or name -> {"current": bytes}).
+//     `mem` / `memory` object of name -> bytes (or name -> {"current": bytes}, or the statistics
+//     adaptor's {"all", "tiers": {...}} JSON).
 // A RUN is a run directory (holding log.jsonl) or a log.jsonl file. Fields a run lacks are left
 // out of its charts; a chart no run has data for says so instead of drawing empty axes.
 #include <algorithm>
@@ -116,8 +117,30 @@ std::optional<double> number(const json& j, const char* key) {
   return std::isfinite(v) ? std::optional<double>(v) : std::nullopt;
 }
 
+/// Series from a `mem` / `memory` object: name -> bytes, name -> {"current"|"bytes"|"used": bytes},
+/// or nested groups. The statistics adaptor's JSON ({"all": {...}, "tiers": {"hbm": {...}},
+/// "classes": {...}}) gives "all" and one series per tier; per-class series are left out (too
+/// many charts for what they tell).
+void read_memory_object(const json& o, const std::string& prefix, double step,
+                        std::map<std::string, Curve>& out, int depth) {
+  for (const auto& [name, v] : o.items()) {
+    if (name == "classes") continue;
+    const std::string full = prefix.empty() || prefix == "tiers" ? name : prefix + "." + name;
+    std::optional<double> b;
+    if (v.is_number()) {
+      b = v.get<double>();
+    } else if (v.is_object()) {
+      for (const char* inner : {"current", "bytes", "used"}) {
+        if ((b = number(v, inner))) break;
+      }
+      if (!b && depth < 2) read_memory_object(v, full, step, out, depth + 1);
+    }
+    if (b && std::isfinite(*b)) out[full][step] = *b;
+  }
+}
+
 /// Bytes per memory tier from a step record: `<name>_bytes` numbers, and `mem` / `memory`
-/// objects of name -> bytes or name -> {"current"|"bytes"|"used": bytes}.
+/// objects (read_memory_object).
 void read_memory(const json& r, double step, std::map<std::string, Curve>& out) {
   for (const auto& [k, v] : r.items()) {
     constexpr std::string_view suffix = "_bytes";
@@ -128,18 +151,7 @@ void read_memory(const json& r, double step, std::map<std::string, Curve>& out) 
   }
   for (const char* key : {"mem", "memory"}) {
     const auto it = r.find(key);
-    if (it == r.end() || !it->is_object()) continue;
-    for (const auto& [name, v] : it->items()) {
-      std::optional<double> b;
-      if (v.is_number()) {
-        b = v.get<double>();
-      } else if (v.is_object()) {
-        for (const char* inner : {"current", "bytes", "used"}) {
-          if ((b = number(v, inner))) break;
-        }
-      }
-      if (b && std::isfinite(*b)) out[name][step] = *b;
-    }
+    if (it != r.end() && it->is_object()) read_memory_object(*it, "", step, out, 0);
   }
 }
 
