@@ -14,6 +14,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -49,12 +50,25 @@ hd::HostCacheOptions no_pressure(std::size_t max_bytes = std::size_t{1} << 30) {
   return o;
 }
 
-/// Hands out fake addresses, remembers what is mapped, and can refuse to map past a limit.
+/// Hands out addresses that are never touched, remembers what is mapped, and can refuse to map
+/// past a limit. The addresses lie in a reserved, inaccessible range: AddressSanitizer poisons
+/// cached blocks, which needs addresses it considers application memory.
 struct FakeMemory {
+  static constexpr std::size_t kSpace = std::size_t{256} << 30;
+  FakeMemory() {
+    base = mmap(nullptr, kSpace, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) throw std::runtime_error("FakeMemory: cannot reserve address space");
+    next = reinterpret_cast<std::uintptr_t>(base);
+  }
+  ~FakeMemory() { munmap(base, kSpace); }
+  FakeMemory(const FakeMemory&) = delete;
+  FakeMemory& operator=(const FakeMemory&) = delete;
+
+  void* base;
   std::mutex mu;
   std::map<std::uintptr_t, std::size_t> mapped;  // address -> bytes
   std::vector<std::pair<std::uintptr_t, std::size_t>> unmapped;  // in order
-  std::uintptr_t next = std::uintptr_t{1} << 40;
+  std::uintptr_t next;
   std::size_t limit = SIZE_MAX;  // most bytes mapped at once
   std::uint64_t free_bytes = std::uint64_t{1} << 40;
   int maps = 0;
@@ -76,6 +90,9 @@ struct FakeMemory {
           if (used + n > limit) throw ght::out_of_memory("fake: over the limit");
           const std::uintptr_t p = next;
           next += (n + 4095) / 4096 * 4096 + 4096;
+          if (next > reinterpret_cast<std::uintptr_t>(base) + kSpace) {
+            throw std::runtime_error("FakeMemory: reserved address space used up");
+          }
           mapped[p] = n;
           ++maps;
           return reinterpret_cast<void*>(p);
@@ -348,6 +365,20 @@ TEST(SystemHostCache, BoundAndSwitchOff) {
   EXPECT_FALSE(is_mapped(c)) << "with the cache off a freed block is unmapped at once";
   EXPECT_EQ(off.cache_stats().cached_bytes, 0u);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+TEST(SystemHostCacheDeathTest, UseOfACachedBlockIsReported) {
+  // A freed block stays mapped in the cache, so only poisoning makes a use after free visible.
+  system_host r(test_node(), true, no_pressure());
+  char* p = static_cast<char*>(r.allocate(1 * MiB));
+  r.deallocate(p, 1 * MiB);
+  EXPECT_DEATH(p[100] = 1, "use-after-poison");
+  void* q = r.allocate(1 * MiB);  // back from the cache: usable again
+  ASSERT_EQ(q, p);
+  p[100] = 1;
+  r.deallocate(q, 1 * MiB);
+}
+#endif
 
 TEST(PinnedHostCache, CachedBlockStaysRegistered) {
 #ifdef GHT_HAVE_CUDA
