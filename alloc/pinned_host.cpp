@@ -50,7 +50,10 @@ pinned_host::pinned_host(PinnedHostOptions options)
       name_("pinned_host" +
             (opts_.numa_node >= 0 ? "(node " + std::to_string(opts_.numa_node) + ")" : "")),
       small_([this](std::size_t n) { return map_registered(n); },
-             [this](void* p, std::size_t n) { (void)unmap_registered(p, n); }) {
+             [this](void* p, std::size_t n) { (void)unmap_registered(p, n); }),
+      large_(opts_.cache, [this](std::size_t n) { return map_registered(n); },
+             [this](void* p, std::size_t n) { return unmap_registered(p, n); },
+             [node = opts_.numa_node] { return detail::numa_node_free_bytes(node); }) {
   threads_ = opts_.threads > 0 ? opts_.threads : std::max(1, omp_get_max_threads());
 #ifdef GHT_HAVE_CUDA
   int count = 0;
@@ -70,7 +73,8 @@ pinned_host::pinned_host(PinnedHostOptions options)
 }
 
 std::uint64_t pinned_host::physical_free() const noexcept {
-  return detail::numa_node_free_bytes(opts_.numa_node);
+  // Cached free blocks are this resource's to hand out (or to give back under pressure).
+  return detail::numa_node_free_bytes(opts_.numa_node) + large_.cached_bytes();
 }
 
 void* pinned_host::map_registered(std::size_t bytes) {
@@ -167,7 +171,7 @@ void* pinned_host::device_pointer(const void* p) const {
 
 void* pinned_host::do_allocate(std::size_t bytes, std::size_t alignment, stream_t, TensorClass) {
   if (detail::small_block_pool::handles(bytes, alignment)) return small_.allocate(bytes, alignment);
-  return map_registered(bytes);
+  return large_.allocate(bytes);
 }
 
 void pinned_host::do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_t,
@@ -176,9 +180,10 @@ void pinned_host::do_deallocate(void* p, std::size_t bytes, std::size_t alignmen
     small_.deallocate(p, bytes, alignment);
     return;
   }
-  if (!unmap_registered(p, bytes)) {
-    throw ght::cuda_error("pinned_host: cudaHostUnregister failed for a block of " +
-                          config::format_bytes(detail::mapped_length(bytes)));
+  // The block is cached or released either way; a failure may be an older block's, evicted to
+  // make room.
+  if (!large_.deallocate(p, bytes)) {
+    throw ght::cuda_error("pinned_host: cudaHostUnregister failed releasing a block to the OS");
   }
 }
 

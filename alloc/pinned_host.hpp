@@ -8,7 +8,9 @@
  * registered memory at the host address (cudaDevAttrCanUseHostPointerForRegisteredMem), a block
  * is registered in chunks from several threads, since slow pinned allocation is a known GH200
  * complaint and one cudaHostRegister call pins pages on a single thread. Blocks up to 256 KiB
- * come from registered 4 MiB slabs.
+ * come from registered 4 MiB slabs. Freed blocks up to 256 MiB stay registered in a bounded
+ * cache (detail::large_block_cache, 1 GiB by default), so a block is registered once however
+ * often it is reused.
  *
  * Without CUDA nothing is registered: the resource is NUMA-bound host memory whose
  * device_pointer() is the host pointer.
@@ -34,6 +36,7 @@ struct PinnedHostOptions {
   int threads = 0;     ///< threads for touching and registering; 0 = OpenMP's maximum
   bool prefault = true;///< fault pages in (in parallel) before registering (CUDA builds only)
   bool huge_pages = true;  ///< transparent huge pages for blocks of 4 MiB and more
+  detail::HostCacheOptions cache;  ///< freed large blocks kept registered (max_bytes 0: none)
 };
 
 class pinned_host final : public memory_resource {
@@ -63,6 +66,11 @@ class pinned_host final : public memory_resource {
   [[nodiscard]] bool host_accessible() const noexcept override { return true; }
   [[nodiscard]] std::uint64_t physical_free() const noexcept override;
   [[nodiscard]] std::size_t pool_reserved_bytes() const { return small_.reserved_bytes(); }
+  /// The large-block cache: bytes and blocks held free, hits, misses, bytes released.
+  [[nodiscard]] detail::HostCacheStats cache_stats() const { return large_.stats(); }
+  /// Unregister and unmap cached free blocks until at most `keep_bytes` remain; returns the
+  /// bytes released.
+  std::size_t trim(std::size_t keep_bytes = 0) noexcept { return large_.trim(keep_bytes); }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_t stream,
@@ -85,7 +93,9 @@ class pinned_host final : public memory_resource {
   // device_pointer() can find the registration that contains an interior pointer.
   mutable std::shared_mutex ranges_mu_;
   std::map<std::uintptr_t, std::size_t> ranges_;
-  detail::small_block_pool small_;  // last: its slabs are returned through the members above
+  // Last: their blocks are returned through the members above.
+  detail::small_block_pool small_;
+  detail::large_block_cache large_;
 };
 
 }  // namespace ght::alloc

@@ -14,22 +14,30 @@ int checked_node(int node) {
 }
 }  // namespace
 
-system_host::system_host(int numa_node, bool huge_pages)
+system_host::system_host(int numa_node, bool huge_pages, detail::HostCacheOptions cache)
     : node_(checked_node(numa_node)),
       huge_(huge_pages),
       name_(node_ >= 0 ? "system_host(node " + std::to_string(node_) + ")" : "system_host"),
       small_([node = node_](std::size_t n) { return detail::map_host(n, node, 0, true); },
-             [](void* p, std::size_t n) { detail::unmap_host(p, n); }) {}
+             [](void* p, std::size_t n) { detail::unmap_host(p, n); }),
+      // Pages are left to fault in lazily: they follow the mapping's NUMA policy when first
+      // touched, and a block that is never fully used costs only what is touched.
+      large_(cache,
+             [node = node_, huge = huge_](std::size_t n) { return detail::map_host(n, node, 0, huge); },
+             [](void* p, std::size_t n) {
+               detail::unmap_host(p, n);
+               return true;
+             },
+             [node = node_] { return detail::numa_node_free_bytes(node); }) {}
 
 std::uint64_t system_host::physical_free() const noexcept {
-  return detail::numa_node_free_bytes(node_);
+  // Cached free blocks are this resource's to hand out (or to give back under pressure).
+  return detail::numa_node_free_bytes(node_) + large_.cached_bytes();
 }
 
 void* system_host::do_allocate(std::size_t bytes, std::size_t alignment, stream_t, TensorClass) {
   if (detail::small_block_pool::handles(bytes, alignment)) return small_.allocate(bytes, alignment);
-  // Pages are left to fault in lazily: they follow the mapping's NUMA policy when first touched,
-  // and a block that is never fully used costs only what is touched.
-  return detail::map_host(bytes, node_, 0, huge_);
+  return large_.allocate(bytes);
 }
 
 void system_host::do_deallocate(void* p, std::size_t bytes, std::size_t alignment, stream_t,
@@ -37,7 +45,7 @@ void system_host::do_deallocate(void* p, std::size_t bytes, std::size_t alignmen
   if (detail::small_block_pool::handles(bytes, alignment)) {
     small_.deallocate(p, bytes, alignment);
   } else {
-    detail::unmap_host(p, bytes);
+    (void)large_.deallocate(p, bytes);  // munmap of a range we mapped does not fail
   }
 }
 

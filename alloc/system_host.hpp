@@ -5,7 +5,9 @@
  *
  * Where the link is c2c (GH200) the GPU dereferences this memory directly; on a pcie link only
  * the CPU may use it. Blocks up to 256 KiB come from a size-class pool carved from bound 4 MiB
- * slabs; larger blocks are mappings of their own, returned to the OS on free.
+ * slabs; larger blocks are mappings of their own. Freed blocks up to 256 MiB stay mapped in a
+ * bounded cache (detail::large_block_cache, 1 GiB by default) for reuse; larger ones, and any
+ * freed while the node is short of memory, go back to the OS.
  */
 #include <string>
 
@@ -20,9 +22,11 @@ class system_host final : public memory_resource {
    * @param numa_node node whose memory is preferred; -1 leaves placement to the kernel
    * @param huge_pages back blocks of 4 MiB and more with transparent huge pages (see
    *        detail::map_host); off suits blocks that are touched sparsely
+   * @param cache the cache of freed large blocks (max_bytes = 0 turns it off)
    * @throws ght::logic_error if numa_node names no usable node
    */
-  explicit system_host(int numa_node = -1, bool huge_pages = true);
+  explicit system_host(int numa_node = -1, bool huge_pages = true,
+                       detail::HostCacheOptions cache = {});
 
   [[nodiscard]] int numa_node() const noexcept { return node_; }
   [[nodiscard]] bool huge_pages() const noexcept { return huge_; }
@@ -33,6 +37,10 @@ class system_host final : public memory_resource {
   [[nodiscard]] std::uint64_t physical_free() const noexcept override;
   /// Bytes held by the small-block pool's slabs.
   [[nodiscard]] std::size_t pool_reserved_bytes() const { return small_.reserved_bytes(); }
+  /// The large-block cache: bytes and blocks held free, hits, misses, bytes released.
+  [[nodiscard]] detail::HostCacheStats cache_stats() const { return large_.stats(); }
+  /// Unmap cached free blocks until at most `keep_bytes` remain; returns the bytes released.
+  std::size_t trim(std::size_t keep_bytes = 0) noexcept { return large_.trim(keep_bytes); }
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment, stream_t stream,
@@ -44,6 +52,7 @@ class system_host final : public memory_resource {
   bool huge_;
   std::string name_;
   detail::small_block_pool small_;
+  detail::large_block_cache large_;
 };
 
 }  // namespace ght::alloc

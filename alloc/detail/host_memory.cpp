@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "alloc/resource.hpp"
@@ -213,6 +214,162 @@ std::size_t small_block_pool::reserved_bytes() const {
 std::vector<std::pair<void*, std::size_t>> small_block_pool::slabs() const {
   std::lock_guard lock(slab_mu_);
   return slabs_;
+}
+
+// ---- large_block_cache -------------------------------------------------------------------------
+
+large_block_cache::large_block_cache(HostCacheOptions opts, map_fn map, unmap_fn unmap,
+                                     free_bytes_fn free_bytes)
+    : opts_(opts), map_(std::move(map)), unmap_(std::move(unmap)), free_bytes_(std::move(free_bytes)) {
+  // A block larger than the whole cache could never be kept; mapping it exactly wastes nothing.
+  opts_.max_block_bytes = std::min(opts_.max_block_bytes, opts_.max_bytes);
+}
+
+large_block_cache::~large_block_cache() { (void)trim(0); }
+
+std::size_t large_block_cache::class_bytes(std::size_t bytes) noexcept {
+  // Small blocks come from small_block_pool; any that reach here share the first class.
+  if (bytes <= std::size_t{1} << kMinLog) return std::size_t{1} << kMinLog;
+  const std::size_t pow = std::bit_floor(bytes);
+  // From 4 MiB up mapped_length() rounds to 2 MiB, so finer classes would map the same length.
+  const std::size_t step = pow >= 2 * kHugePageBytes ? std::max(pow / 4, kHugePageBytes) : pow / 4;
+  return align_up(bytes, step);
+}
+
+int large_block_cache::class_index(std::size_t cls) noexcept {
+  const int k = std::bit_width(cls) - 1;
+  return (k - kMinLog) * 4 + static_cast<int>((cls >> (k - 2)) & 3);
+}
+
+void* large_block_cache::allocate(std::size_t bytes) {
+  if (!cacheable(bytes)) return map_(bytes);
+  const std::size_t cls = class_bytes(bytes);
+  {
+    std::lock_guard lock(mu_);
+    auto& list = by_class_[static_cast<std::size_t>(class_index(cls))];
+    if (!list.empty()) {
+      const auto it = list.back();  // the most recently freed: likeliest still in cache and TLB
+      list.pop_back();
+      void* p = it->p;
+      lru_.erase(it);
+      stats_.cached_bytes -= cls;
+      cached_bytes_.store(stats_.cached_bytes, std::memory_order_relaxed);
+      --stats_.cached_blocks;
+      ++stats_.hits;
+      GHT_UNPOISON(p, cls);
+      return p;
+    }
+    ++stats_.misses;
+  }
+  try {
+    return map_(cls);
+  } catch (const ght::out_of_memory&) {
+    // Memory held here may be what is missing: give it back and try once more.
+    if (trim(0) == 0) throw;
+  }
+  return map_(cls);
+}
+
+bool large_block_cache::deallocate(void* p, std::size_t bytes) {
+  if (p == nullptr) return true;
+  if (!cacheable(bytes)) return unmap_(p, bytes);
+  const std::size_t cls = class_bytes(bytes);
+  const bool pressure = under_pressure();
+  std::vector<Block> out;
+  bool cached = false;
+  {
+    std::lock_guard lock(mu_);
+    // Room for every block that may leave, so nothing below throws with blocks half moved.
+    out.reserve(stats_.cached_blocks + 1);
+    if (pressure) {
+      take_oldest_locked(0, out);
+      if (!out.empty()) ++stats_.pressure_trims;
+    } else {
+      take_oldest_locked(opts_.max_bytes - cls, out);  // cls <= max_block_bytes <= max_bytes
+      try {
+        const auto it = lru_.insert(lru_.end(), Block{p, cls});
+        try {
+          by_class_[static_cast<std::size_t>(class_index(cls))].push_back(it);
+        } catch (...) {
+          lru_.erase(it);
+          throw;
+        }
+        stats_.cached_bytes += cls;
+        cached_bytes_.store(stats_.cached_bytes, std::memory_order_relaxed);
+        ++stats_.cached_blocks;
+        GHT_POISON(p, cls);
+        cached = true;
+      } catch (const std::bad_alloc&) {  // no memory to note the block: release it instead
+      }
+    }
+    if (!cached) {
+      stats_.released_bytes += cls;
+      out.push_back({p, cls});
+    }
+  }
+  return release(out);
+}
+
+void large_block_cache::take_oldest_locked(std::size_t keep, std::vector<Block>& out) {
+  while (stats_.cached_bytes > keep) {
+    const Block b = lru_.front();
+    // The oldest block of all is also the oldest of its class: the front of that class's list.
+    auto& list = by_class_[static_cast<std::size_t>(class_index(b.bytes))];
+    list.pop_front();
+    lru_.pop_front();
+    stats_.cached_bytes -= b.bytes;
+    cached_bytes_.store(stats_.cached_bytes, std::memory_order_relaxed);
+    --stats_.cached_blocks;
+    stats_.released_bytes += b.bytes;
+    GHT_UNPOISON(b.p, b.bytes);
+    out.push_back(b);
+  }
+}
+
+bool large_block_cache::release(const std::vector<Block>& blocks) noexcept {
+  bool ok = true;
+  for (const Block& b : blocks) {
+    try {
+      ok = unmap_(b.p, b.bytes) && ok;
+    } catch (...) {
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+std::size_t large_block_cache::trim(std::size_t keep_bytes) noexcept {
+  std::vector<Block> out;
+  try {
+    std::lock_guard lock(mu_);
+    out.reserve(stats_.cached_blocks);
+    take_oldest_locked(keep_bytes, out);
+  } catch (...) {  // no memory for the list: release what was taken
+  }
+  std::size_t n = 0;
+  for (const Block& b : out) n += b.bytes;
+  (void)release(out);
+  return n;
+}
+
+bool large_block_cache::under_pressure() {
+  if (opts_.min_free_bytes == 0 || !free_bytes_) return false;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  std::int64_t next = next_check_ns_.load(std::memory_order_relaxed);
+  // One thread per interval reads free memory; the others use the last answer.
+  if (now >= next && next_check_ns_.compare_exchange_strong(
+                         next, now + std::chrono::nanoseconds(opts_.pressure_check_interval).count(),
+                         std::memory_order_relaxed)) {
+    pressure_.store(free_bytes_() < opts_.min_free_bytes, std::memory_order_relaxed);
+  }
+  return pressure_.load(std::memory_order_relaxed);
+}
+
+HostCacheStats large_block_cache::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
 }
 
 }  // namespace ght::alloc::detail

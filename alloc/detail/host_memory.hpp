@@ -2,12 +2,17 @@
 /**
  * @file host_memory.hpp
  * @brief Internals of the host resources: NUMA-bound anonymous mappings, parallel page touching,
- * and a size-class pool for small blocks carved from such mappings.
+ * a size-class pool for small blocks carved from such mappings, and a bounded cache of freed
+ * large blocks.
  */
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <list>
 #include <mutex>
 #include <vector>
 
@@ -104,6 +109,121 @@ class small_block_pool {
   std::vector<std::pair<void*, std::size_t>> slabs_;
   char* slab_cur_ = nullptr;
   char* slab_end_ = nullptr;
+};
+
+/// Settings of a large_block_cache (and of the host resources that own one).
+struct HostCacheOptions {
+  /// Most bytes that freed blocks may hold while cached; 0 turns the cache off (every large
+  /// block is mapped and unmapped, as before the cache existed).
+  std::size_t max_bytes = std::size_t{1} << 30;
+  /// Blocks above this size are never cached, nor rounded to a size class: a multi-GiB buffer
+  /// (optimizer state) is allocated once, and rounding it up would waste up to a fifth of it.
+  std::size_t max_block_bytes = std::size_t{256} << 20;
+  /// When the memory the resource draws from (its NUMA node) has less than this free, freed
+  /// blocks go straight back to the OS and the cache is emptied.
+  std::uint64_t min_free_bytes = std::uint64_t{2} << 30;
+  /// Free memory is read (a /proc or /sys file) at most this often, when a block is freed.
+  /// Zero reads it at every free (tests).
+  std::chrono::milliseconds pressure_check_interval{50};
+};
+
+/// What a large_block_cache holds and has done. Live blocks are not counted here: the statistics
+/// adaptor counts them; these bytes are mapped but free.
+struct HostCacheStats {
+  std::uint64_t cached_bytes = 0;   ///< bytes of free blocks held (mapped, bound, registered)
+  std::uint64_t cached_blocks = 0;  ///< free blocks held
+  std::uint64_t hits = 0;           ///< allocations served from the cache
+  std::uint64_t misses = 0;         ///< cacheable allocations that mapped a new block
+  std::uint64_t released_bytes = 0; ///< bytes handed back to the OS by the bound, trim or pressure
+  std::uint64_t pressure_trims = 0; ///< times low free memory emptied the cache
+};
+
+/**
+ * @brief Size-class cache of large host blocks (above small_block_pool::kMaxClass).
+ *
+ * Mapping, binding, faulting in and (for pinned memory) registering a block costs tens of
+ * microseconds to milliseconds; glibc and the device pool avoid it by keeping freed memory. This
+ * keeps freed blocks up to max_bytes, grouped by size class, and hands them back whole: a cached
+ * block keeps its NUMA policy, its resident pages and its CUDA registration, so each is paid
+ * once per block, not once per allocation. Its contents are not cleared.
+ *
+ * Classes are quarter steps between powers of two (2^k, 1.25·2^k, 1.5·2^k, 1.75·2^k), at least
+ * 2 MiB apart from 4 MiB up so that classes match the huge-page rounding of mapped_length(): a
+ * block wastes under a fifth of its size. Blocks above max_block_bytes are mapped exactly and
+ * never cached.
+ *
+ * Bounded: a freed block that would take the cache over max_bytes evicts the least recently
+ * freed blocks first. Under memory pressure (free memory of the source below min_free_bytes,
+ * read at most every pressure_check_interval) the cache empties and frees bypass it; an
+ * allocation that fails for lack of memory empties the cache and retries once. trim() empties
+ * it on request. Mapping and unmapping happen outside the lock.
+ */
+class large_block_cache {
+ public:
+  /// Map a block of exactly this many bytes (a class size or an uncached request); may throw.
+  using map_fn = std::function<void*(std::size_t)>;
+  /// Unmap a block that map_fn returned for `bytes`; false when that failed (the block is gone).
+  using unmap_fn = std::function<bool(void*, std::size_t)>;
+  /// Bytes free in the memory the blocks come from.
+  using free_bytes_fn = std::function<std::uint64_t()>;
+
+  large_block_cache(HostCacheOptions opts, map_fn map, unmap_fn unmap, free_bytes_fn free_bytes);
+  ~large_block_cache();
+  large_block_cache(const large_block_cache&) = delete;
+  large_block_cache& operator=(const large_block_cache&) = delete;
+
+  /// Bytes mapped for a request of `bytes` when it is cacheable: its class size.
+  [[nodiscard]] static std::size_t class_bytes(std::size_t bytes) noexcept;
+  /// Whether a block of `bytes` goes through the cache (cache on and bytes <= max_block_bytes).
+  [[nodiscard]] bool cacheable(std::size_t bytes) const noexcept {
+    return opts_.max_bytes > 0 && bytes <= opts_.max_block_bytes;
+  }
+
+  /// A block of at least `bytes`, page-aligned. @throws what map_fn throws
+  [[nodiscard]] void* allocate(std::size_t bytes);
+  /// Return a block from allocate(bytes). False when unmapping some block failed.
+  bool deallocate(void* p, std::size_t bytes);
+  /// Release cached blocks until at most `keep_bytes` remain (oldest first); returns the bytes
+  /// released.
+  std::size_t trim(std::size_t keep_bytes = 0) noexcept;
+  [[nodiscard]] HostCacheStats stats() const;
+  /// stats().cached_bytes without taking the lock.
+  [[nodiscard]] std::uint64_t cached_bytes() const noexcept {
+    return cached_bytes_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] const HostCacheOptions& options() const noexcept { return opts_; }
+
+ private:
+  static constexpr int kMinLog = 18;  // classes start above 256 KiB (2^18)
+  static constexpr int kNumClasses = (64 - kMinLog) * 4;
+  [[nodiscard]] static int class_index(std::size_t cls) noexcept;
+
+  struct Block {
+    void* p;
+    std::size_t bytes;  // class size
+  };
+  using lru_list = std::list<Block>;
+  /// Move the oldest blocks out of the cache until at most `keep` bytes remain (lock held).
+  void take_oldest_locked(std::size_t keep, std::vector<Block>& out);
+  /// Unmap blocks taken from the cache (lock not held); false when one failed.
+  bool release(const std::vector<Block>& blocks) noexcept;
+  /// True when the source is short of memory; reads it at most every pressure_check_interval.
+  bool under_pressure();
+
+  HostCacheOptions opts_;
+  map_fn map_;
+  unmap_fn unmap_;
+  free_bytes_fn free_bytes_;
+
+  mutable std::mutex mu_;
+  lru_list lru_;  // every cached block, least recently freed first
+  // Per class, the cached blocks' positions in lru_, most recently freed last.
+  std::array<std::deque<lru_list::iterator>, kNumClasses> by_class_;
+  HostCacheStats stats_;
+  std::atomic<std::uint64_t> cached_bytes_{0};  // stats_.cached_bytes, for lock-free readers
+
+  std::atomic<std::int64_t> next_check_ns_{0};
+  std::atomic<bool> pressure_{false};
 };
 
 }  // namespace ght::alloc::detail

@@ -9,14 +9,27 @@
 //      skipped): pinned_host with parallel chunked registration and with one cudaHostRegister
 //      call, against cudaHostAlloc(Mapped|Portable). Bytes moved: every page is faulted and
 //      zeroed once, so the floor is size / host memset bandwidth; GB/s is reported.
+//   3. Mixed host workload (issue 16): eight threads each keep 8 blocks live and replace a random
+//      one per op (free it, allocate 1 B .. 64 MiB log-uniform, write its first and last byte).
+//      system_host with its large-block cache, and without it, against glibc's aligned_alloc;
+//      pinned_host likewise on a GPU machine. An op is one allocation and one free; ops/s and
+//      the process's user and system CPU seconds are reported. Goal: >= 0.5x glibc's ops/s.
+//      --ght_mixed_ops=N sets the ops per thread (default 200000: long enough that filling the
+//      cache, a few hundred misses, is amortised; uncached runs do a twentieth of that, pinned
+//      uncached a two-hundredth, since each op there maps, faults and registers a block).
 //   Without CUDA (or without a GPU) only host benchmarks run: system_host against malloc/mmap.
 //
 // Prints a ratio table last (baseline time / ghtier time: above 1 means ghtier is faster) and
 // writes every run and the ratios as JSON: --ght_json=PATH (default alloc_bench.json).
 #include <benchmark/benchmark.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -82,7 +95,103 @@ void bm_mmap_pair(benchmark::State& st, std::size_t bytes) {
   }
 }
 
+// ---- mixed sizes from eight threads (issue 16) ---------------------------------------------------
+
+constexpr int kMixedThreads = 8;
+constexpr int kMixedLive = 8;  // blocks each thread keeps live
+constexpr std::size_t kMixedMax = 64 * MiB;
+long g_mixed_ops = 200000;  // per thread, --ght_mixed_ops
+
+double cpu_seconds(const timeval& tv) { return static_cast<double>(tv.tv_sec) + 1e-6 * static_cast<double>(tv.tv_usec); }
+
+/// Runs the mixed workload through alloc/free, `ops` per thread; returns wall seconds and sets
+/// the user and system CPU seconds the process spent.
+double run_mixed(const std::function<void*(std::size_t)>& alloc,
+                 const std::function<void(void*, std::size_t)>& free_fn, long ops, double* user_s,
+                 double* sys_s) {
+  rusage r0{}, r1{};
+  getrusage(RUSAGE_SELF, &r0);
+  const auto t0 = clock_type::now();
+  std::vector<std::thread> th;
+  for (int t = 0; t < kMixedThreads; ++t) {
+    th.emplace_back([&, t] {
+      std::mt19937_64 rng(1234 + static_cast<std::uint64_t>(t));
+      // Log-uniform: every order of magnitude equally likely.
+      std::uniform_real_distribution<double> log_size(0.0, std::log(static_cast<double>(kMixedMax) + 1.0));
+      std::array<std::pair<char*, std::size_t>, kMixedLive> live{};
+      for (long i = 0; i < ops; ++i) {
+        auto& [p, n] = live[rng() % kMixedLive];
+        if (p != nullptr) free_fn(p, n);
+        n = std::clamp<std::size_t>(static_cast<std::size_t>(std::exp(log_size(rng))), 1, kMixedMax);
+        p = static_cast<char*>(alloc(n));
+        p[0] = 1;
+        p[n - 1] = 1;
+      }
+      for (auto& [p, n] : live) {
+        if (p != nullptr) free_fn(p, n);
+      }
+    });
+  }
+  for (auto& x : th) x.join();
+  const double wall = std::chrono::duration<double>(clock_type::now() - t0).count();
+  getrusage(RUSAGE_SELF, &r1);
+  *user_s = cpu_seconds(r1.ru_utime) - cpu_seconds(r0.ru_utime);
+  *sys_s = cpu_seconds(r1.ru_stime) - cpu_seconds(r0.ru_stime);
+  return wall;
+}
+
+void report_mixed(benchmark::State& st, double wall, long ops, double user_s, double sys_s) {
+  st.SetIterationTime(wall);
+  const double total = static_cast<double>(ops) * kMixedThreads;
+  st.counters["ops/s"] = total / wall;
+  st.counters["ops"] = total;
+  st.counters["user_s"] = user_s;
+  st.counters["sys_s"] = sys_s;
+}
+
+/// `cache` false: the cache off, as the host resources were before it existed.
+/// `divisor`: run g_mixed_ops / divisor ops per thread (slow variants).
+template <typename Resource>
+void bm_mixed_resource(benchmark::State& st, std::unique_ptr<Resource> (*make)(bool), bool cache,
+                       long divisor) {
+  const long ops = std::max(1L, g_mixed_ops / divisor);
+  for (auto _ : st) {
+    std::unique_ptr<Resource> r = make(cache);
+    double user_s = 0, sys_s = 0;
+    const double wall = run_mixed([&](std::size_t n) { return r->allocate(n); },
+                                  [&](void* p, std::size_t n) { r->deallocate(p, n); }, ops,
+                                  &user_s, &sys_s);
+    report_mixed(st, wall, ops, user_s, sys_s);
+    const detail::HostCacheStats cs = r->cache_stats();
+    const double lookups = static_cast<double>(cs.hits + cs.misses);
+    st.counters["hit_rate"] = lookups > 0 ? static_cast<double>(cs.hits) / lookups : 0.0;
+    st.counters["released_MiB"] = static_cast<double>(cs.released_bytes) / MiB;
+  }
+}
+
+std::unique_ptr<system_host> make_system_host(bool cache) {
+  detail::HostCacheOptions o;
+  if (!cache) o.max_bytes = 0;
+  return std::make_unique<system_host>(host_node(), true, o);
+}
+
+void bm_mixed_aligned_alloc(benchmark::State& st) {
+  for (auto _ : st) {
+    double user_s = 0, sys_s = 0;
+    const double wall = run_mixed([](std::size_t n) { return std::aligned_alloc(256, (n + 255) / 256 * 256); },
+                                  [](void* p, std::size_t) { std::free(p); }, g_mixed_ops, &user_s, &sys_s);
+    report_mixed(st, wall, g_mixed_ops, user_s, sys_s);
+  }
+}
+
 #ifdef GHT_HAVE_CUDA
+std::unique_ptr<pinned_host> make_pinned_host(bool cache) {
+  PinnedHostOptions o;
+  o.numa_node = host_node();
+  if (!cache) o.cache.max_bytes = 0;
+  return std::make_unique<pinned_host>(o);
+}
+
 // ---- cached device alloc+free pairs -------------------------------------------------------------
 
 struct Stream {
@@ -228,6 +337,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--ght_json=", 11) == 0) {
       json_path = argv[i] + 11;
+    } else if (std::strncmp(argv[i], "--ght_mixed_ops=", 16) == 0) {
+      g_mixed_ops = std::max(1L, std::atol(argv[i] + 16));
     } else {
       args.push_back(argv[i]);
     }
@@ -245,6 +356,16 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("host_pair/system_host/64MiB", bm_system_host_pair, 64 * MiB);
   benchmark::RegisterBenchmark("host_pair/mmap/64MiB", bm_mmap_pair, 64 * MiB);
 
+  // Mixed workload: glibc first and last, so a machine that slows down during the run shows.
+  const auto mixed = [](benchmark::internal::Benchmark* b) {
+    b->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+  };
+  mixed(benchmark::RegisterBenchmark("mixed8/aligned_alloc", bm_mixed_aligned_alloc));
+  mixed(benchmark::RegisterBenchmark("mixed8/system_host", bm_mixed_resource<system_host>, make_system_host, true, 1L));
+  mixed(benchmark::RegisterBenchmark("mixed8/system_host_nocache", bm_mixed_resource<system_host>, make_system_host, false, 20L));
+  mixed(benchmark::RegisterBenchmark("mixed8/aligned_alloc_again", bm_mixed_aligned_alloc));
+  std::vector<std::string> mixed_names = {"system_host", "system_host_nocache"};
+
   std::vector<std::size_t> pair_sizes, pinned_sizes;
   bool gpu = false;
 #ifdef GHT_HAVE_CUDA
@@ -261,6 +382,10 @@ int main(int argc, char** argv) {
       }
       benchmark::RegisterBenchmark(("pair/sync/cudaMalloc/" + s).c_str(), bm_cuda_malloc_pair, b);
     }
+    mixed(benchmark::RegisterBenchmark("mixed8/pinned_host", bm_mixed_resource<pinned_host>, make_pinned_host, true, 1L));
+    mixed(benchmark::RegisterBenchmark("mixed8/pinned_host_nocache", bm_mixed_resource<pinned_host>, make_pinned_host, false, 200L));
+    mixed_names.push_back("pinned_host");
+    mixed_names.push_back("pinned_host_nocache");
     // Pinned sizes that fit: leave a quarter of the free memory for everything else.
     const std::uint64_t free_b = ght::alloc::detail::numa_node_free_bytes(host_node());
     for (std::size_t b : {1 * GiB, 8 * GiB, 32 * GiB}) {
@@ -300,6 +425,33 @@ int main(int argc, char** argv) {
     const double base = ns_of(rep, "host_pair/aligned_alloc/" + s);
     std::printf("%-8s %12.1f %14.1f %8.2f\n", s.c_str(), ours, base, ratio(base, ours));
     ratios["host_pair"][s] = {{"system_host_ns", ours}, {"aligned_alloc_ns", base}, {"ratio", ratio(base, ours)}};
+  }
+  {
+    const auto counter = [&](const std::string& name, const char* key) {
+      const auto it = rep.results.find("mixed8/" + name);
+      if (it == rep.results.end()) return 0.0;
+      const auto c = it->second.counters.find(key);
+      return c == it->second.counters.end() ? 0.0 : c->second;
+    };
+    // The baseline is the mean of glibc's two runs.
+    const double g1 = counter("aligned_alloc", "ops/s"), g2 = counter("aligned_alloc_again", "ops/s");
+    const double glibc = g1 > 0 && g2 > 0 ? (g1 + g2) / 2 : std::max(g1, g2);
+    std::printf("mixed sizes 1 B..64 MiB, %d threads x %d live blocks (ops/s; goal: ratio >= 0.5)\n"
+                "%-20s %12s %8s %8s %8s %9s\n", kMixedThreads, kMixedLive, "resource", "ops/s",
+                "user_s", "sys_s", "hit_rate", "vs_glibc");
+    for (const std::string& name : {std::string("aligned_alloc"), std::string("aligned_alloc_again")}) {
+      std::printf("%-20s %12.0f %8.2f %8.2f %8s %9s\n", name.c_str(), counter(name, "ops/s"),
+                  counter(name, "user_s"), counter(name, "sys_s"), "-", "-");
+    }
+    ratios["mixed8"]["aligned_alloc_ops_per_s"] = glibc;
+    for (const std::string& name : mixed_names) {
+      const double ops = counter(name, "ops/s");
+      const double r = glibc > 0 ? ops / glibc : 0.0;
+      std::printf("%-20s %12.0f %8.2f %8.2f %8.3f %9.3f\n", name.c_str(), ops, counter(name, "user_s"),
+                  counter(name, "sys_s"), counter(name, "hit_rate"), r);
+      ratios["mixed8"][name] = {{"ops_per_s", ops}, {"vs_aligned_alloc", r},
+                                {"hit_rate", counter(name, "hit_rate")}};
+    }
   }
   if (!pair_sizes.empty()) {
     for (const char* v : {"nosync", "sync"}) {

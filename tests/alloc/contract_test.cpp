@@ -46,6 +46,23 @@ struct SystemHost {
   static constexpr bool gpu = false;
   static std::unique_ptr<memory_resource> make() { return std::make_unique<system_host>(test_node()); }
 };
+/// A cache far smaller than what the random-size and threaded tests free: blocks are evicted
+/// and reused all the time.
+struct SystemHostSmallCache {
+  static constexpr bool gpu = false;
+  static std::unique_ptr<memory_resource> make() {
+    ght::alloc::detail::HostCacheOptions cache;
+    cache.max_bytes = std::size_t{16} << 20;
+    return std::make_unique<system_host>(test_node(), true, cache);
+  }
+};
+struct SystemHostNoCache {
+  static constexpr bool gpu = false;
+  static std::unique_ptr<memory_resource> make() {
+    return std::make_unique<system_host>(test_node(), true,
+                                         ght::alloc::detail::HostCacheOptions{.max_bytes = 0});
+  }
+};
 /// Upstream of the adaptor and tiered instances: 4 KiB pages, since the random-size test
 /// touches large blocks sparsely (system_host itself is tested with its default, huge pages).
 std::unique_ptr<memory_resource> small_pages() {
@@ -149,7 +166,7 @@ class Contract : public ::testing::Test {
   std::unique_ptr<memory_resource> r_;
 };
 
-using Resources = ::testing::Types<SystemHost, PinnedHost, DevicePool, DeviceDirect, ManagedHost,
+using Resources = ::testing::Types<SystemHost, SystemHostSmallCache, SystemHostNoCache, PinnedHost, DevicePool, DeviceDirect, ManagedHost,
                                    Statistics, Limit, Logging, TieredHost, TieredSpill,
                                    TieredDefault, TieredGpu>;
 
@@ -158,6 +175,8 @@ class ResourceNames {
   template <typename T>
   static std::string GetName(int) {
     if (std::is_same_v<T, SystemHost>) return "system_host";
+    if (std::is_same_v<T, SystemHostSmallCache>) return "system_host_small_cache";
+    if (std::is_same_v<T, SystemHostNoCache>) return "system_host_no_cache";
     if (std::is_same_v<T, PinnedHost>) return "pinned_host";
     if (std::is_same_v<T, DevicePool>) return "device_pool";
     if (std::is_same_v<T, DeviceDirect>) return "device_direct";
