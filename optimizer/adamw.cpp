@@ -102,6 +102,17 @@ constexpr int kDmaSlots = 3;
 
 }  // namespace
 
+namespace {
+// Parameters per dma slot: one chunk, no larger than the largest region (small models, small slots).
+std::size_t dma_chunk_params(std::size_t largest_region) {
+  return std::min(kDmaChunk, (largest_region + 63) / 64 * 64);
+}
+}  // namespace
+
+std::size_t dma_slot_bytes(std::size_t largest_region) {
+  return sizeof(float) * 3 * kDmaSlots * dma_chunk_params(largest_region);
+}
+
 // ---- AdamW -----------------------------------------------------------------------------------
 
 struct AdamW::Impl {
@@ -279,7 +290,7 @@ struct AdamW::Impl {
   void ensure_dma() {
 #ifdef GHT_HAVE_CUDA
     if (dma_slots != nullptr) return;
-    const std::size_t bytes = sizeof(float) * 3 * dma_chunk * kDmaSlots;
+    const std::size_t bytes = sizeof(float) * 3 * dma_chunk * kDmaSlots;  // dma_slot_bytes()
     dma_mem = alloc::unique_block(*alloc, bytes, {TensorClass::other, "optimizer.dma_slots", TierKind::hbm, false});
     dma_slots = dma_mem.as<float>();
     for (int i = 0; i < kDmaSlots; ++i) {
@@ -650,14 +661,12 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     I.spec_ready = I.new_event();
     I.spec_fence = I.new_event();
     I.step_barrier = I.new_event();
-    I.sumsq = std::make_unique<DeviceSumsq>(*I.alloc);
   }
 #endif
 
-  // dma slots hold one chunk each: no larger than the largest region (small models, small slots).
   std::size_t largest = 0;
   for (const Region& d : regions) largest = std::max(largest, d.n);
-  I.dma_chunk = std::min(kDmaChunk, (largest + 63) / 64 * 64);
+  I.dma_chunk = dma_chunk_params(largest);
 
   std::set<std::string> names;
   I.regions.reserve(regions.size());
@@ -832,6 +841,7 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
     if (any_dev) {
       // Only this step's gradients are read: wait for the producer, not for updates on `link`.
       GHT_CUDA_TRY(cudaStreamWaitEvent(I.norm, I.produced, 0));
+      if (!I.sumsq) I.sumsq = std::make_unique<DeviceSumsq>(*I.alloc);  // first step with device gradients
       I.sumsq->reset(I.norm);
       for (const Impl::RegionState& rs : I.regions) {
         if (rs.grad_on_device) I.sumsq->add(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.norm);

@@ -71,6 +71,9 @@ enum class LinkMode { zero_copy, dma };
 [[nodiscard]] PathChoice path_choice_from_config();
 /// The mode from GHT_OPT_LINK_MODE.
 [[nodiscard]] LinkMode link_mode_from_config();
+/// HBM the dma mode reserves (three slots of master, m and v chunks) when the largest region
+/// has `largest_region` parameters: what a plan must leave free once any state is on the host.
+[[nodiscard]] std::size_t dma_slot_bytes(std::size_t largest_region);
 
 /// One state buffer and how each side reaches it (a view of memory the optimizer owns).
 struct StateBuffer {

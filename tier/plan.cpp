@@ -60,6 +60,10 @@ std::string secs(double s) {
   return num(s, 3) + " s";
 }
 
+bool is_state(TensorClass c) {
+  return c == TensorClass::master || c == TensorClass::adam_m || c == TensorClass::adam_v;
+}
+
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
 
 void check_access(const Region& r, const std::vector<Access>& list, const char* field) {
@@ -317,7 +321,8 @@ bool Plan::operator==(const Plan& o) const {
   const PlanOptions &p = options_, &q = o.options_;
   return link_eq && p.policy == q.policy && p.place == q.place && p.budgets == q.budgets &&
          p.step_flops == q.step_flops && p.assumed_tflops == q.assumed_tflops &&
-         p.stream_staging_bytes == q.stream_staging_bytes && regions_ == o.regions_ &&
+         p.stream_staging_bytes == q.stream_staging_bytes &&
+         p.host_state_hbm_bytes == q.host_state_hbm_bytes && regions_ == o.regions_ &&
          decisions_ == o.decisions_ && prediction_ == o.prediction_ && notes_ == o.notes_;
 }
 
@@ -329,7 +334,7 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
                         const std::vector<Placement>& choice, const PlanOptions& options) {
   Load total = cm.zero(), opt = cm.zero();
   Prediction p;
-  bool streams = false;
+  bool streams = false, state_on_host = false;
   const bool no_gpu = options.link.kind == LinkKind::none;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (!no_gpu) {  // without a GPU nothing crosses a link: the CPU works in place
@@ -339,7 +344,9 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
     p.hbm_bytes += hbm_bytes(regions[i], choice[i]);
     p.host_bytes += host_bytes(regions[i], choice[i]);
     streams |= regions[i].cls == TensorClass::grad && choice[i].tier == TierKind::host;
+    state_on_host |= is_state(regions[i].cls) && choice[i].tier == TierKind::host;
   }
+  if (state_on_host && !no_gpu) p.hbm_bytes += options.host_state_hbm_bytes;
   // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
   // bf16 gradient it copies from is the region's hbm_bytes_on_host.
   if (streams && !no_gpu) p.host_bytes += options.stream_staging_bytes;
@@ -443,6 +450,7 @@ struct Totals {
   Load load;
   std::uint64_t hbm = 0, host = 0;
   std::size_t grads_on_host = 0;
+  std::size_t state_on_host = 0;  // master/m/v regions on the host
 };
 
 struct Best {
@@ -563,10 +571,12 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
     base.hbm += c.hbm[c.start];
     base.host += c.host[c.start];
     if (regions[i].cls == TensorClass::grad && c.opts[c.start].tier == TierKind::host) ++base.grads_on_host;
+    if (is_state(regions[i].cls) && c.opts[c.start].tier == TierKind::host) ++base.state_on_host;
   }
   const Budgets& B = options.budgets;
   const std::uint64_t staging = no_gpu ? 0 : options.stream_staging_bytes;
-  auto eff_hbm = [&](const Totals& t) { return t.hbm; };
+  const std::uint64_t state_slots = no_gpu ? 0 : options.host_state_hbm_bytes;
+  auto eff_hbm = [&](const Totals& t) { return t.hbm + (t.state_on_host ? state_slots : 0); };
   auto eff_host = [&](const Totals& t) { return t.host + (t.grads_on_host ? staging : 0); };
 
   // ---- candidate orders and their prefixes
@@ -633,6 +643,11 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
         const bool was = c.opts[m.from].tier == TierKind::host, now = c.opts[m.to].tier == TierKind::host;
         if (was && !now) --t.grads_on_host;
         if (!was && now) ++t.grads_on_host;
+      }
+      if (is_state(regions[m.region].cls)) {
+        const bool was = c.opts[m.from].tier == TierKind::host, now = c.opts[m.to].tier == TierKind::host;
+        if (was && !now) --t.state_on_host;
+        if (!was && now) ++t.state_on_host;
       }
     }
   }

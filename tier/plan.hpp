@@ -154,6 +154,9 @@ struct PlanOptions {
   /// Double-buffered pinned staging the gradient stream needs, reserved in host memory while
   /// any gradient region streams (2 x GHT_STAGING_BYTES).
   std::uint64_t stream_staging_bytes = 0;
+  /// HBM the optimizer reserves while any master/m/v region lives on the host: the copy
+  /// engines' slots of the gpu_link path (the trainer sets it; 0 = none).
+  std::uint64_t host_state_hbm_bytes = 0;
 };
 
 /// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_TFLOPS,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "optimizer/adamw.hpp"
 #include "tier/error.hpp"
 
 namespace ght::trainer {
@@ -182,6 +183,17 @@ std::string plan_group_of(std::string_view tensor) {
 
 std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
   return plan_group_of(tensor) + "." + std::string(ght::to_string(cls));
+}
+
+std::uint64_t host_state_hbm_bytes(const ModelConfig& c) {
+  if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return 0;
+  // One optimizer region per parameter tensor (the CUDA trainer's): the largest sizes the slots.
+  const auto d = static_cast<std::size_t>(c.d_model);
+  const std::size_t largest = d * std::max({static_cast<std::size_t>(c.vocab),           // embedding, LM head
+                                            static_cast<std::size_t>(c.heads) * c.head_dim,  // q_proj, o_proj
+                                            static_cast<std::size_t>(c.expert_ffn),        // expert projections
+                                            static_cast<std::size_t>(c.experts)});         // router
+  return optimizer::dma_slot_bytes(largest);
 }
 
 std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {

@@ -59,6 +59,11 @@ struct ActivationSizes {
 [[nodiscard]] std::string plan_group_of(std::string_view tensor);
 [[nodiscard]] std::string plan_region_of(std::string_view tensor, ght::TensorClass cls);
 
+/// HBM the CUDA trainer's optimizer reserves while any master/m/v region lives on the host
+/// (the dma slots of the gpu_link path, when GHT_OPT_LINK_MODE resolves to dma; else 0): the
+/// value of tier::PlanOptions::host_state_hbm_bytes for this model.
+[[nodiscard]] std::uint64_t host_state_hbm_bytes(const ModelConfig& cfg);
+
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);
 

@@ -53,6 +53,7 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
   tier::PlanOptions options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
   options.budgets.hbm = a.report(TierKind::hbm).budget;
   options.budgets.host = a.report(TierKind::host).budget;
+  options.host_state_hbm_bytes = host_state_hbm_bytes(mc);
   return tier::make_plan(model_regions(mc), options);
 }
 
