@@ -56,7 +56,17 @@ class Team {
  public:
   Team(int threads, std::size_t n)
       : n_(n), threads_(threads), start_(threads), done_(threads) {
-    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { loop(t); });
+    try {
+      for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { loop(t); });
+    } catch (...) {  // a thread could not start: release the ones that did, then report it
+      for (auto k = workers_.size() + 1; k < static_cast<std::size_t>(threads); ++k) {
+        start_.arrive_and_drop();
+      }
+      stop_ = true;
+      start_.arrive_and_wait();
+      for (std::thread& w : workers_) w.join();
+      throw;
+    }
   }
   ~Team() {
     stop_ = true;
