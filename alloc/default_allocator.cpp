@@ -9,31 +9,19 @@
 #include "alloc/pinned_host.hpp"
 #include "alloc/system_host.hpp"
 #include "alloc/tiered.hpp"
+#include "tier/budget.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "tier/topology.hpp"
 
 namespace ght::alloc {
 
-namespace {
-
 using config::Key;
-
-/// GHT_<TIER>_BUDGET, or what is free now minus GHT_<TIER>_HEADROOM when it is empty.
-std::uint64_t resolve_budget(Key budget_key, Key headroom_key, const char* budget_name,
-                             const char* headroom_name, std::uint64_t capacity,
-                             std::uint64_t available) {
-  const config::Registry& c = config::cfg();
-  if (!c.is_empty(budget_key)) return c.get_size(budget_key).resolve(capacity, budget_name);
-  const std::uint64_t headroom = c.get_size(headroom_key).resolve(capacity, headroom_name);
-  return available > headroom ? available - headroom : 0;
-}
-
-}  // namespace
 
 std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
   const config::Registry& c = config::cfg();
   const tier::Topology& topo = tier::topology();
+  const tier::Capacities caps = tier::machine_capacities();
 
   std::array<TierSetup, kNumTiers> tiers;
   int device = -1;
@@ -46,9 +34,7 @@ std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
     } else {
       hbm.resource = std::make_unique<device_pool>(DevicePoolOptions{device, UINT64_MAX});
     }
-    hbm.budget = resolve_budget(Key::GHT_HBM_BUDGET, Key::GHT_HBM_HEADROOM, "GHT_HBM_BUDGET",
-                                "GHT_HBM_HEADROOM", topo.capacity(TierKind::hbm),
-                                topo.available(TierKind::hbm));
+    hbm.budget = tier::resolve_budget(TierKind::hbm, caps, c).bytes;
   }
 #endif
 
@@ -72,9 +58,7 @@ std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
   } else {
     host.resource = std::make_unique<system_host>(node);
   }
-  host.budget = resolve_budget(Key::GHT_HOST_BUDGET, Key::GHT_HOST_HEADROOM, "GHT_HOST_BUDGET",
-                               "GHT_HOST_HEADROOM", topo.capacity(TierKind::host),
-                               topo.available(TierKind::host));
+  host.budget = tier::resolve_budget(TierKind::host, caps, c).bytes;
 
   TieredOptions opts;
   opts.spill = c.get_bool(Key::GHT_SPILL);

@@ -1,7 +1,5 @@
 #include "alloc/pinned_host.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <mutex>
 #include <string>
@@ -54,7 +52,7 @@ pinned_host::pinned_host(PinnedHostOptions options)
       large_(opts_.cache, [this](std::size_t n) { return map_registered(n); },
              [this](void* p, std::size_t n) { return unmap_registered(p, n); },
              [node = opts_.numa_node] { return detail::numa_node_free_bytes(node); }) {
-  threads_ = opts_.threads > 0 ? opts_.threads : std::max(1, omp_get_max_threads());
+  threads_ = opts_.threads > 0 ? opts_.threads : detail::usable_cpus();
 #ifdef GHT_HAVE_CUDA
   int count = 0;
   GHT_CUDA_TRY(cudaGetDeviceCount(&count));
@@ -90,8 +88,8 @@ void* pinned_host::map_registered(std::size_t bytes) {
   const int device = opts_.device;
   const auto reg = [&](std::int64_t i) {
     const std::size_t off = static_cast<std::size_t>(i) * chunk;
-    // A fresh OpenMP thread has device 0 current; registering from it would create a context
-    // there, so select ours first.
+    // A fresh thread has device 0 current; registering from it would create a context there,
+    // so select ours first.
     cudaError_t e = cudaSetDevice(device);
     if (e == cudaSuccess) e = cudaHostRegister(p + off, std::min(chunk, len - off), kRegisterFlags);
     errs[static_cast<std::size_t>(i)] = e;
@@ -99,9 +97,9 @@ void* pinned_host::map_registered(std::size_t bytes) {
   if (n == 1) {
     reg(0);
   } else {
-    const int t = static_cast<int>(std::min<std::int64_t>(n, threads_));
-#pragma omp parallel for num_threads(t) schedule(static, 1)
-    for (std::int64_t i = 0; i < n; ++i) reg(i);
+    detail::parallel_slices(n, threads_, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t i = lo; i < hi; ++i) reg(i);
+    });
   }
   const auto bad = std::find_if(errs.begin(), errs.end(), [](cudaError_t e) { return e != cudaSuccess; });
   if (bad != errs.end()) {

@@ -33,7 +33,7 @@ struct PinnedHostOptions {
   /// cudaMemcpy or cudaMemset may not span two chunks (kernels may). The H200 run showed a
   /// memset across chunks failing; opt in only where every copy stays inside a chunk.
   std::size_t register_chunk_bytes = 0;
-  int threads = 0;     ///< threads for touching and registering; 0 = OpenMP's maximum
+  int threads = 0;     ///< threads for touching and registering; 0 = the CPUs this process may use
   bool prefault = true;///< fault pages in (in parallel) before registering (CUDA builds only)
   bool huge_pages = true;  ///< transparent huge pages for blocks of 4 MiB and more
   detail::HostCacheOptions cache;  ///< freed large blocks kept registered (max_bytes 0: none)

@@ -65,7 +65,11 @@ if want sanitizer; then
   run_stage sanitizer san
 fi
 if want torch; then
-  run_stage torch bash -c "GHT_TORCH_TIER=hbm python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier.so && GHT_TORCH_TIER=host python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier.so"
+  # The allocator library, libghtier_alloc.so: libghtier.so would bring cuBLAS, cuDNN, TBB and
+  # libgomp into PyTorch's process (torch_import_order.py --full shows what that does).
+  run_stage torch bash -c "GHT_TORCH_TIER=hbm python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier_alloc.so && GHT_TORCH_TIER=host python3 examples/torch_pluggable.py --lib build-gpu/lib/libghtier_alloc.so"
+  run_stage torch-import-order python3 examples/torch_import_order.py --lib build-gpu/lib/libghtier_alloc.so --full build-gpu/lib/libghtier.so
+  run_stage torch-train python3 bench/alloc/torch_train_pluggable.py --lib build-gpu/lib/libghtier_alloc.so --json "$res/torch_train_pluggable.json"
 fi
 if want interop; then
   [ -f tests/interop/check_hf.py ] && run_stage interop python3 tests/interop/check_hf.py --ght "$ght" --work build-gpu/interop

@@ -1,13 +1,25 @@
 # One module per top-level folder (tier, kernels, alloc, optimizer, trainer). A module is an
 # OBJECT library `ght_<name>_obj` holding its sources, plus a STATIC library `ght_<name>` that
-# tests and tools link (it pulls in the modules it depends on). The public library `ghtier`
-# (static and shared, alias ght::ghtier) is built from every module's objects.
+# tests and tools link (it pulls in the modules it depends on).
 #
-#   ght_module(NAME tier SOURCES a.cpp b.cu DEPS ght_numa PkgConfig::HWLOC [MODULES tier])
+# Two shared libraries are built from the modules' objects (ght_add_library):
+#   ghtier_alloc  (ght::ghtier_alloc)  modules marked ALLOC_LIB (tier, alloc): the tiered
+#                 allocator, its C ABI and PyTorch's pluggable-allocator entry points. Needs only
+#                 cudart, libnuma and hwloc, so it loads into a process beside PyTorch's own
+#                 cuBLAS, cuDNN and OpenMP runtime (tests/alloc/lean_library_test.sh checks).
+#   ghtier        (ght::ghtier)        the other modules (kernels, optimizer, trainer), linked
+#                 against ghtier_alloc.
+# and one static library with every module, `ghtier_static` (libghtier.a).
+#
+#   ght_module(NAME tier SOURCES a.cpp b.cu DEPS ght_numa [MODULES tier] [OPENMP] [ALLOC_LIB])
+# OPENMP: the module's code uses OpenMP (never in an ALLOC_LIB module).
 set_property(GLOBAL PROPERTY GHT_MODULES "")
 
 function(ght_module)
-  cmake_parse_arguments(M "" "NAME" "SOURCES;CUDA_SOURCES;DEPS;MODULES" ${ARGN})
+  cmake_parse_arguments(M "OPENMP;ALLOC_LIB" "NAME" "SOURCES;CUDA_SOURCES;DEPS;MODULES" ${ARGN})
+  if(M_OPENMP AND M_ALLOC_LIB)
+    message(FATAL_ERROR "ght_module(${M_NAME}): the allocator library must not use OpenMP")
+  endif()
   set(srcs ${M_SOURCES})
   if(GHT_HAVE_CUDA)
     list(APPEND srcs ${M_CUDA_SOURCES})
@@ -15,11 +27,14 @@ function(ght_module)
   if(NOT srcs)
     set(srcs ${PROJECT_SOURCE_DIR}/cmake/empty.cpp)
   endif()
+  set(deps ${M_DEPS} Threads::Threads)
+  if(M_OPENMP)
+    list(APPEND deps OpenMP::OpenMP_CXX)
+  endif()
   add_library(ght_${M_NAME}_obj OBJECT ${srcs})
   target_include_directories(ght_${M_NAME}_obj PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/alloc/include>)
-  target_link_libraries(ght_${M_NAME}_obj PUBLIC ${M_DEPS} OpenMP::OpenMP_CXX Threads::Threads
-                        PRIVATE ght_flags)
+  target_link_libraries(ght_${M_NAME}_obj PUBLIC ${deps} PRIVATE ght_flags)
   foreach(dep ${M_MODULES})
     target_link_libraries(ght_${M_NAME}_obj PUBLIC ght_${dep})
   endforeach()
@@ -31,30 +46,69 @@ function(ght_module)
   add_library(ght_${M_NAME} STATIC $<TARGET_OBJECTS:ght_${M_NAME}_obj>)
   target_link_libraries(ght_${M_NAME} PUBLIC ght_${M_NAME}_obj)
   set_property(GLOBAL APPEND PROPERTY GHT_MODULES ${M_NAME})
-  set_property(GLOBAL APPEND PROPERTY GHT_EXTERNAL_DEPS ${M_DEPS})
+  set_property(GLOBAL PROPERTY GHT_MODULE_DEPS_${M_NAME} ${deps})
+  set_property(GLOBAL PROPERTY GHT_MODULE_ALLOC_LIB_${M_NAME} ${M_ALLOC_LIB})
+endfunction()
+
+# Link `target` against the external dependencies of `mods`, with the usage requirements every
+# module carries (include directories, GHT_HAVE_CUDA, cudart).
+function(ght_link_module_deps target mods)
+  set(ext "")
+  foreach(m ${mods})
+    get_property(d GLOBAL PROPERTY GHT_MODULE_DEPS_${m})
+    list(APPEND ext ${d})
+  endforeach()
+  list(REMOVE_DUPLICATES ext)
+  target_link_libraries(${target} PUBLIC ${ext})
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/alloc/include>)
+  if(GHT_HAVE_CUDA)
+    target_compile_definitions(${target} PUBLIC GHT_HAVE_CUDA=1)
+    target_link_libraries(${target} PUBLIC CUDA::cudart)
+  endif()
 endfunction()
 
 function(ght_add_library)
   get_property(mods GLOBAL PROPERTY GHT_MODULES)
-  set(objs "")
+  set(alloc_mods "")
+  set(rest_mods "")
+  set(all_objs "")
   foreach(m ${mods})
-    list(APPEND objs $<TARGET_OBJECTS:ght_${m}_obj>)
-  endforeach()
-  add_library(ghtier_static STATIC ${objs})
-  add_library(ghtier SHARED ${objs})
-  set_target_properties(ghtier_static PROPERTIES OUTPUT_NAME ghtier)
-  set_target_properties(ghtier PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
-  get_property(ext GLOBAL PROPERTY GHT_EXTERNAL_DEPS)
-  list(REMOVE_DUPLICATES ext)
-  foreach(t ghtier ghtier_static)
-    target_link_libraries(${t} PUBLIC ${ext} OpenMP::OpenMP_CXX Threads::Threads)
-    target_include_directories(${t} PUBLIC
-      $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/alloc/include>)
-    if(GHT_HAVE_CUDA)
-      target_compile_definitions(${t} PUBLIC GHT_HAVE_CUDA=1)
-      target_link_libraries(${t} PUBLIC CUDA::cudart)
+    get_property(lean GLOBAL PROPERTY GHT_MODULE_ALLOC_LIB_${m})
+    if(lean)
+      list(APPEND alloc_mods ${m})
+    else()
+      list(APPEND rest_mods ${m})
     endif()
+    list(APPEND all_objs $<TARGET_OBJECTS:ght_${m}_obj>)
   endforeach()
+  set(alloc_objs "")
+  foreach(m ${alloc_mods})
+    list(APPEND alloc_objs $<TARGET_OBJECTS:ght_${m}_obj>)
+  endforeach()
+  set(rest_objs "")
+  foreach(m ${rest_mods})
+    list(APPEND rest_objs $<TARGET_OBJECTS:ght_${m}_obj>)
+  endforeach()
+
+  add_library(ghtier_alloc SHARED ${alloc_objs})
+  ght_link_module_deps(ghtier_alloc "${alloc_mods}")
+  add_library(ghtier SHARED ${rest_objs})
+  ght_link_module_deps(ghtier "${rest_mods}")
+  target_link_libraries(ghtier PUBLIC ghtier_alloc)
+  # A symbol the allocator library misses (a call into kernels/ or optimizer/) fails the link
+  # here instead of a dlopen later; the shared runtime keeps cudart a dependency, not a copy.
+  foreach(t ghtier_alloc ghtier)
+    target_link_options(${t} PRIVATE -Wl,--no-undefined -Wl,--as-needed)
+    set_target_properties(${t} PROPERTIES VERSION ${PROJECT_VERSION}
+                          SOVERSION ${PROJECT_VERSION_MAJOR} CUDA_RUNTIME_LIBRARY Shared)
+  endforeach()
+
+  add_library(ghtier_static STATIC ${all_objs})
+  set_target_properties(ghtier_static PROPERTIES OUTPUT_NAME ghtier)
+  ght_link_module_deps(ghtier_static "${mods}")
+
+  add_library(ght::ghtier_alloc ALIAS ghtier_alloc)
   add_library(ght::ghtier ALIAS ghtier)
   add_library(ght::ghtier_static ALIAS ghtier_static)
 endfunction()

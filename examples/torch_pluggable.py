@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
 """Place PyTorch's CUDA tensors through ghtier and check a matmul on them.
 
-PyTorch loads build/lib/libghtier.so as its CUDA allocator (CUDAPluggableAllocator with
-ght_torch_malloc / ght_torch_free). GHT_TORCH_TIER chooses where the tensors live:
+PyTorch loads build/lib/libghtier_alloc.so, ghtier's allocator library, as its CUDA allocator
+(CUDAPluggableAllocator with ght_torch_malloc / ght_torch_free). That library needs only cudart,
+libnuma and hwloc; libghtier.so (kernels, optimizer, trainer) would also bring cuBLAS, cuDNN, TBB
+and an OpenMP runtime into PyTorch's process, which crashed torch's import (issue 12).
+GHT_TORCH_TIER chooses where the tensors live:
   hbm   device memory from ghtier's stream-ordered pool
   host  host memory (mapped pinned, or coherent system memory on GH200) that CUDA kernels read
         over the link; the tensor's data pointer is that memory's device address
 The product is compared with one computed on plain CUDA tensors in a separate process (the
 allocator can only be changed before CUDA is initialised), ghtier's where() confirms the tier of
-every tensor, and ghtier's statistics are printed. Exits non-zero on any mismatch.
+every tensor, and ghtier's statistics are printed. Exits non-zero on any mismatch. Without
+PyTorch, a CUDA device or a CUDA build of ghtier it says which is missing and exits 0 (SKIP), or
+1 where GHT_TEST_REQUIRE_GPU=1 (the GPU machine).
 
   python3 examples/torch_pluggable.py                      # both tiers, one process each
   GHT_TORCH_TIER=host python3 examples/torch_pluggable.py  # one tier
-  options: --lib PATH (default build/lib/libghtier.so)  --n N (matrix size, default 2048)
+  options: --lib PATH (default build/lib/libghtier_alloc.so)  --n N (matrix size, default 2048)
 """
 import argparse
 import ctypes
@@ -50,10 +55,41 @@ def reference(args):
     return 0
 
 
+def missing_piece(lib):
+    """What this machine lacks to run the example (None when nothing), checked in a child process
+    so that neither torch nor CUDA is initialised here."""
+    probe = r"""
+import ctypes, json, sys
+try:
+    import torch
+except Exception as e:
+    print(f"PyTorch cannot be imported ({type(e).__name__}: {e})"); sys.exit(1)
+if not torch.cuda.is_available():
+    print(f"PyTorch {torch.__version__} sees no CUDA device"
+          + ("" if torch.version.cuda else " (a CPU-only build of PyTorch)")); sys.exit(1)
+lib = ctypes.CDLL(sys.argv[1])
+lib.ght_stats_json.restype = ctypes.c_char_p
+s = lib.ght_stats_json()
+if not s or not json.loads(s)["tiers"]["hbm"]["present"]:
+    print(f"{sys.argv[1]} has no hbm tier (built without CUDA?)"); sys.exit(1)
+"""
+    r = subprocess.run([sys.executable, "-c", probe, lib], capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    out = r.stdout.strip() or r.stderr.strip() or f"probe exited with {r.returncode}"
+    return out.splitlines()[-1]
+
+
+def skip(what):
+    """Exit status for a machine that cannot run the example."""
+    if os.environ.get("GHT_TEST_REQUIRE_GPU") == "1":
+        print(f"FAIL: GHT_TEST_REQUIRE_GPU=1 but {what}")
+        return 1
+    print(f"SKIP: torch_pluggable: {what}")
+    return 0
+
+
 def run_one(args, tier):
-    if not os.path.exists(args.lib):
-        print(f"torch_pluggable: {args.lib} not found; build the project first", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory() as tmp:
         ref_path = os.path.join(tmp, "ref.pt")
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--reference", ref_path,
@@ -63,9 +99,6 @@ def run_one(args, tier):
             return 1
 
         import torch
-        if not torch.cuda.is_available():
-            print("torch_pluggable: no CUDA device", file=sys.stderr)
-            return 1
         ght = ctypes.CDLL(args.lib)  # the same instance PyTorch loads below
         ght.ght_init.restype = ctypes.c_int
         ght.ght_last_error.restype = ctypes.c_char_p
@@ -122,13 +155,20 @@ def run_one(args, tier):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lib", default=os.path.join(ROOT, "build", "lib", "libghtier.so"))
+    ap.add_argument("--lib", default=os.path.join(ROOT, "build", "lib", "libghtier_alloc.so"))
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--reference", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reference:
         return reference(args)
+    if not os.path.exists(args.lib):
+        print(f"torch_pluggable: {args.lib} not found: build it first "
+              "(cmake --build build --target ghtier_alloc)", file=sys.stderr)
+        return 2
+    missing = missing_piece(args.lib)
+    if missing:
+        return skip(missing)
     tier = os.environ.get("GHT_TORCH_TIER")
     if tier:
         if tier not in TIERS:

@@ -143,66 +143,7 @@ void validate_regions(const std::vector<Region>& regions) {
   }
 }
 
-// ---- capacities and budgets -----------------------------------------------------------------
-
-Capacities machine_capacities() {
-  const Topology& t = topology();
-  Capacities c;
-  c.origin = "this machine";
-  c.hbm_total = t.capacity(TierKind::hbm);
-  c.hbm_free = t.available(TierKind::hbm);
-  c.host_total = t.capacity(TierKind::host);
-  c.host_available = t.available(TierKind::host);
-  return c;
-}
-
-std::optional<Capacities> nominal_capacities(std::string_view profile) {
-  constexpr std::uint64_t MiB = 1ULL << 20, GiB = 1ULL << 30;
-  if (profile == "gh200") {
-    // GH200 96 GB HBM3: CUDA reports 97,871 MiB; 480 GB LPDDR5X on the Grace node.
-    return Capacities{"gh200 nominal", 97871 * MiB, 97871 * MiB, 480'000'000'000ULL,
-                      480'000'000'000ULL};
-  }
-  if (profile == "pcie5") {
-    // The x86 + H200 machine of HARDWARE.md: 139.8 GiB HBM, 128 GiB host memory, one node.
-    const auto hbm = static_cast<std::uint64_t>(139.8 * static_cast<double>(GiB));
-    return Capacities{"pcie5 nominal (H200)", hbm, hbm, 128 * GiB, 128 * GiB};
-  }
-  return std::nullopt;
-}
-
-Budgets resolve_budgets(const Capacities& caps, const config::Registry& reg) {
-  using config::Key;
-  Budgets b;
-  auto origin_of = [&](Key k, std::string_view name) {
-    return std::string(name) + "=" + reg.text(k) + " (" + std::string(config::to_string(reg.source(k))) + ")";
-  };
-  if (!reg.is_empty(Key::GHT_HBM_BUDGET)) {
-    const auto v = reg.get_size(Key::GHT_HBM_BUDGET);
-    b.hbm = v.resolve(caps.hbm_total, "GHT_HBM_BUDGET");
-    b.hbm_origin = origin_of(Key::GHT_HBM_BUDGET, "GHT_HBM_BUDGET");
-    if (v.fraction) b.hbm_origin += " of " + gib(caps.hbm_total) + " HBM (" + caps.origin + ")";
-  } else {
-    const std::uint64_t head =
-        reg.get_size(Key::GHT_HBM_HEADROOM).resolve(caps.hbm_total, "GHT_HBM_HEADROOM");
-    b.hbm = caps.hbm_free > head ? caps.hbm_free - head : 0;
-    b.hbm_origin = "free HBM " + gib(caps.hbm_free) + " (" + caps.origin + ") minus " +
-                   origin_of(Key::GHT_HBM_HEADROOM, "GHT_HBM_HEADROOM");
-  }
-  if (!reg.is_empty(Key::GHT_HOST_BUDGET)) {
-    const auto v = reg.get_size(Key::GHT_HOST_BUDGET);
-    b.host = v.resolve(caps.host_total, "GHT_HOST_BUDGET");
-    b.host_origin = origin_of(Key::GHT_HOST_BUDGET, "GHT_HOST_BUDGET");
-    if (v.fraction) b.host_origin += " of " + gib(caps.host_total) + " host memory (" + caps.origin + ")";
-  } else {
-    const std::uint64_t head =
-        reg.get_size(Key::GHT_HOST_HEADROOM).resolve(caps.host_total, "GHT_HOST_HEADROOM");
-    b.host = caps.host_available > head ? caps.host_available - head : 0;
-    b.host_origin = "available host memory " + gib(caps.host_available) + " (" + caps.origin +
-                    ") minus " + origin_of(Key::GHT_HOST_HEADROOM, "GHT_HOST_HEADROOM");
-  }
-  return b;
-}
+// ---- options (budgets come from budget.cpp) -------------------------------------------------
 
 PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumbers& link,
                                      const Capacities& caps, double step_flops) {

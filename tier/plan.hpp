@@ -32,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tier/budget.hpp"  // Capacities, Budgets, resolve_budgets
 #include "tier/error.hpp"
 #include "tier/link.hpp"
 #include "tier/types.hpp"
@@ -113,35 +114,6 @@ struct Region {
 /// Check names (non-empty, unique), sizes and access numbers.
 /// @throws ght::logic_error naming the region and the field.
 void validate_regions(const std::vector<Region>& regions);
-
-/// Memory a plan may draw on, of this machine or of a profile's nominal machine.
-struct Capacities {
-  std::string origin;  ///< "this machine" or e.g. "gh200 nominal"
-  std::uint64_t hbm_total = 0;
-  std::uint64_t hbm_free = 0;
-  std::uint64_t host_total = 0;
-  std::uint64_t host_available = 0;
-};
-
-/// Capacities of this machine (topology: HBM of the selected GPU, host NUMA node).
-[[nodiscard]] Capacities machine_capacities();
-/// Nominal capacities of the machine behind a built-in profile: "gh200" (96 GB HBM3, 480 GB
-/// LPDDR5X) and "pcie5" (H200 141 GB, 128 GiB host, as in HARDWARE.md); nullopt otherwise.
-[[nodiscard]] std::optional<Capacities> nominal_capacities(std::string_view profile);
-
-/// The budgets a plan must respect, with where each came from (used in error messages).
-struct Budgets {
-  std::uint64_t hbm = 0;
-  std::uint64_t host = 0;
-  std::string hbm_origin;   ///< e.g. "GHT_HBM_BUDGET=96G (flag)"
-  std::string host_origin;
-  bool operator==(const Budgets&) const = default;
-};
-
-/// GHT_HBM_BUDGET (size or NN% of HBM capacity), else free HBM minus GHT_HBM_HEADROOM;
-/// GHT_HOST_BUDGET, else available host memory minus GHT_HOST_HEADROOM.
-/// @throws ght::config_error for a percentage of an unknown (0) capacity.
-[[nodiscard]] Budgets resolve_budgets(const Capacities& caps, const config::Registry& reg);
 
 /// Everything the engine needs besides the regions.
 struct PlanOptions {

@@ -2,6 +2,7 @@
 
 #include <numa.h>
 #include <numaif.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "alloc/resource.hpp"
 #include "tier/config.hpp"
@@ -80,15 +83,35 @@ int touch_threads_for(std::size_t len, int max_threads) noexcept {
   return std::clamp(by_size, 1, std::max(1, max_threads));
 }
 
+int usable_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+void parallel_slices(std::int64_t n, int threads,
+                     const std::function<void(std::int64_t, std::int64_t)>& fn) noexcept {
+  const std::int64_t t = std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(n, 1));
+  auto slice = [&](std::int64_t k) { fn(n * k / t, n * (k + 1) / t); };
+  std::vector<std::thread> workers;
+  std::int64_t started = 1;
+  try {
+    workers.reserve(static_cast<std::size_t>(t - 1));
+    for (; started < t; ++started) workers.emplace_back(slice, started);
+  } catch (...) {  // no thread (or no memory for one): the caller takes the remaining slices
+  }
+  slice(0);
+  for (std::int64_t k = started; k < t; ++k) slice(k);
+  for (std::thread& w : workers) w.join();
+}
+
 void touch_pages(void* p, std::size_t len, int threads) noexcept {
   auto* base = static_cast<volatile char*>(p);
   const auto pages = static_cast<std::int64_t>(len / kPageBytes);
-  if (threads <= 1) {
-    for (std::int64_t i = 0; i < pages; ++i) base[i * static_cast<std::int64_t>(kPageBytes)] = 0;
-    return;
-  }
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::int64_t i = 0; i < pages; ++i) base[i * static_cast<std::int64_t>(kPageBytes)] = 0;
+  parallel_slices(pages, threads, [base](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) base[i * static_cast<std::int64_t>(kPageBytes)] = 0;
+  });
 }
 
 void* map_host(std::size_t bytes, int node, int touch_threads, bool huge_pages) {

@@ -45,7 +45,17 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 [[nodiscard]] void* map_host(std::size_t bytes, int node, int touch_threads, bool huge_pages);
 /// Undo map_host(p, bytes, ...).
 void unmap_host(void* p, std::size_t bytes) noexcept;
-/// Write one byte per page of [p, p+len) with up to `threads` OpenMP threads (faults pages in
+/// CPUs this process may run on (its affinity mask); at least 1.
+[[nodiscard]] int usable_cpus() noexcept;
+/**
+ * @brief Call fn(begin, end) on `threads` contiguous slices of [0, n), each on its own
+ * std::thread (the caller runs the first slice). Plain threads rather than OpenMP: the
+ * allocator library loads into processes (PyTorch) that bring their own OpenMP runtime. A slice
+ * whose thread cannot be started runs on the caller. fn must not throw.
+ */
+void parallel_slices(std::int64_t n, int threads,
+                     const std::function<void(std::int64_t, std::int64_t)>& fn) noexcept;
+/// Write one byte per page of [p, p+len) with up to `threads` threads (faults pages in
 /// under the mapping's NUMA policy; the memory is already zero, so contents do not change).
 void touch_pages(void* p, std::size_t len, int threads) noexcept;
 /// Threads worth using to touch `len` bytes: about one per 64 MiB, at most `max_threads`.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs examples/torch_pluggable.py (PyTorch allocating through libghtier.so, both tiers) where
-# PyTorch with CUDA and a CUDA build of ghtier are present; otherwise it says so and passes,
+# Runs examples/torch_pluggable.py (PyTorch allocating through libghtier_alloc.so, both tiers)
+# where PyTorch with CUDA and a CUDA build of ghtier are present; otherwise it says so and passes,
 # unless GHT_TEST_REQUIRE_GPU=1 (the GPU machine), where a missing piece is a failure.
 #   bash tests/cli/alloc_torch_test.sh <path-to-ght> <project-root>
 set -u
@@ -10,7 +10,7 @@ REQUIRE=${GHT_TEST_REQUIRE_GPU:-0}
 for v in $(compgen -e); do
   case "$v" in GHT_*) unset "$v" ;; esac
 done
-LIB="$(cd "$(dirname "$GHT")/.." && pwd)/lib/libghtier.so"
+LIB="$(cd "$(dirname "$GHT")/.." && pwd)/lib/libghtier_alloc.so"
 
 skip() {
   if [ "$REQUIRE" = 1 ]; then

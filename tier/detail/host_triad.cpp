@@ -1,12 +1,15 @@
-// Host-memory STREAM triad for the link probe. Lives in a .cpp (not probe.cu) because OpenMP
-// flags reach only the C++ compiler, and so CPU-only builds can run it too.
+// Host-memory STREAM triad for the link probe. Lives in a .cpp (not probe.cu) so CPU-only
+// builds can run it too. Plain std::threads, not OpenMP: tier/ is part of the allocator library
+// (libghtier_alloc), which must not pull an OpenMP runtime into a process beside PyTorch's.
 #include <numa.h>
 
 #include <algorithm>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -47,9 +50,66 @@ class NodeArray {
   void* p_ = nullptr;
 };
 
+/// `threads` workers (the calling thread is worker 0), each owning one static slice of [0, n),
+/// released together for every pass so a pass's time is that of its slowest slice.
+class Team {
+ public:
+  Team(int threads, std::size_t n)
+      : n_(n), threads_(threads), start_(threads), done_(threads) {
+    try {
+      for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { loop(t); });
+    } catch (...) {  // a thread could not start: release the ones that did, then report it
+      for (auto k = workers_.size() + 1; k < static_cast<std::size_t>(threads); ++k) {
+        start_.arrive_and_drop();
+      }
+      stop_ = true;
+      start_.arrive_and_wait();
+      for (std::thread& w : workers_) w.join();
+      throw;
+    }
+  }
+  ~Team() {
+    stop_ = true;
+    start_.arrive_and_wait();
+    for (std::thread& w : workers_) w.join();
+  }
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+
+  /// Run fn(begin, end) on every slice and return when all are done.
+  template <typename Fn>
+  void run(Fn fn) {
+    body_ = [&fn](std::size_t b, std::size_t e) { fn(b, e); };
+    start_.arrive_and_wait();
+    slice(0);
+    done_.arrive_and_wait();
+  }
+
+ private:
+  void loop(int t) {
+    for (;;) {
+      start_.arrive_and_wait();
+      if (stop_) return;
+      slice(t);
+      done_.arrive_and_wait();
+    }
+  }
+  void slice(int t) {
+    const auto tt = static_cast<std::size_t>(t), nt = static_cast<std::size_t>(threads_);
+    body_(n_ * tt / nt, n_ * (tt + 1) / nt);
+  }
+
+  std::size_t n_;
+  int threads_;
+  std::function<void(std::size_t, std::size_t)> body_;
+  bool stop_ = false;  // written before start_'s phase completes, read after: no race
+  std::barrier<> start_, done_;
+  std::vector<std::thread> workers_;
+};
+
 double run_triad(int node, int threads, std::size_t array_bytes, double seconds, int min_reps) {
   try {
-    bind_thread_to_node(node);  // the OpenMP team below inherits this thread's affinity
+    bind_thread_to_node(node);  // the team's threads inherit this thread's affinity and policy
   } catch (const ght::logic_error&) {
     // A CPU-less node (or none): the arrays are still placed on it; threads stay unbound.
   }
@@ -59,24 +119,26 @@ double run_triad(int node, int threads, std::size_t array_bytes, double seconds,
   double* const a = a_mem.data();
   double* const b = b_mem.data();
   double* const c = c_mem.data();
-  const auto sn = static_cast<std::ptrdiff_t>(n);
+  Team team(threads, n);
 
-  // First touch with the same static schedule as the timed loop, so each thread's pages sit
-  // where that thread runs.
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (std::ptrdiff_t i = 0; i < sn; ++i) {
-    a[i] = 0.0;
-    b[i] = 1.0 + static_cast<double>(i % 1021) * 1e-3;
-    c[i] = 2.0 - static_cast<double>(i % 509) * 1e-3;
-  }
+  // First touch with the same slices as the timed loop, so each thread's pages sit where that
+  // thread runs.
+  team.run([&](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      a[i] = 0.0;
+      b[i] = 1.0 + static_cast<double>(i % 1021) * 1e-3;
+      c[i] = 2.0 - static_cast<double>(i % 509) * 1e-3;
+    }
+  });
 
   const double s = 3.0;
   std::vector<double> bps;
   const auto t_start = std::chrono::steady_clock::now();
   for (int rep = -1;; ++rep) {  // rep -1 is the untimed warm-up
     const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (std::ptrdiff_t i = 0; i < sn; ++i) a[i] = b[i] + s * c[i];
+    team.run([&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+    });
     const auto t1 = std::chrono::steady_clock::now();
     if (rep >= 0) {
       const double dt = std::chrono::duration<double>(t1 - t0).count();
@@ -106,8 +168,8 @@ double host_triad_bps(int node, int threads, std::size_t array_bytes, double sec
   GHT_EXPECTS(array_bytes >= 4096, "host triad: arrays must be >= 4096 bytes, got " +
                                        std::to_string(array_bytes));
   GHT_EXPECTS(min_reps >= 1, "host triad: min_reps must be >= 1");
-  // A worker thread carries the NUMA binding, so the caller's affinity and memory policy (and
-  // its OpenMP thread pool) are left as they were.
+  // A worker thread carries the NUMA binding, so the caller's affinity and memory policy are
+  // left as they were.
   double result = 0;
   std::exception_ptr error;
   std::thread worker([&] {

@@ -22,7 +22,7 @@ struct ProbeReport {
   double seconds = 0;           ///< wall time of the whole probe
 };
 
-/// Host STREAM triad a = b + s*c on `threads` OpenMP threads, arrays of `array_bytes` placed on
+/// Host STREAM triad a = b + s*c on `threads` threads, arrays of `array_bytes` placed on
 /// NUMA node `node` (first touch in parallel, threads bound to the node). Runs at least
 /// `min_reps` timed repetitions after one warm-up, and more while under `seconds`; returns the
 /// median bandwidth counting 3 streams. Verifies the result and throws ght::logic_error if wrong.

@@ -10,7 +10,9 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 
+#include "tier/budget.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "tier/link.hpp"
@@ -21,7 +23,6 @@ namespace {
 
 using ght::LinkKind;
 using ght::TierKind;
-using ght::config::Key;
 using ojson = nlohmann::ordered_json;
 
 struct InfoArgs {
@@ -35,29 +36,21 @@ struct TierRow {
   std::uint64_t available = 0;
   std::optional<std::uint64_t> budget;  ///< empty when the tier does not exist (no GPU)
   std::string budget_rule;              ///< how the budget was derived
+  std::string warning;                  ///< e.g. a budget above the tier's capacity
 };
 
-/// The budget rule of config_options.inc: an explicit size or percentage of capacity, else the
-/// free bytes minus the headroom.
+/// The tier's row; its budget follows the one rule of tier/budget.hpp.
 TierRow tier_row(const ght::tier::Topology& topo, TierKind t) {
-  auto& c = ght::config::cfg();
-  TierRow r{t, topo.capacity(t), topo.available(t), std::nullopt, ""};
+  TierRow r{t, topo.capacity(t), topo.available(t), std::nullopt, "", ""};
   if (r.capacity == 0) {
     r.budget_rule = "no such tier on this machine";
     return r;
   }
-  const Key budget_key = t == TierKind::hbm ? Key::GHT_HBM_BUDGET : Key::GHT_HOST_BUDGET;
-  const Key headroom_key = t == TierKind::hbm ? Key::GHT_HBM_HEADROOM : Key::GHT_HOST_HEADROOM;
-  const std::string budget_name = t == TierKind::hbm ? "GHT_HBM_BUDGET" : "GHT_HOST_BUDGET";
-  const std::string headroom_name = t == TierKind::hbm ? "GHT_HBM_HEADROOM" : "GHT_HOST_HEADROOM";
-  if (!c.is_empty(budget_key)) {
-    r.budget = c.get_size(budget_key).resolve(r.capacity, budget_name);
-    r.budget_rule = budget_name + "=" + c.text(budget_key);
-  } else {
-    const std::uint64_t headroom = c.get_size(headroom_key).resolve(r.capacity, headroom_name);
-    r.budget = r.available > headroom ? r.available - headroom : 0;
-    r.budget_rule = "available - " + headroom_name + " (" + c.text(headroom_key) + ")";
-  }
+  ght::tier::TierBudget b =
+      ght::tier::resolve_budget(t, ght::tier::machine_capacities(), ght::config::cfg());
+  r.budget = b.bytes;
+  r.budget_rule = std::move(b.origin);
+  r.warning = std::move(b.warning);
   return r;
 }
 
@@ -130,6 +123,7 @@ void run_info(const InfoArgs& args) {
       t["available_bytes"] = r.available;
       t["budget_bytes"] = r.budget ? ojson(*r.budget) : ojson(nullptr);
       t["budget_rule"] = r.budget_rule;
+      if (!r.warning.empty()) t["warning"] = r.warning;
       if (r.tier == TierKind::host) t["numa_node"] = topo.host_numa_node;
       j["tiers"].push_back(t);
     }
@@ -157,7 +151,7 @@ void run_info(const InfoArgs& args) {
 
   std::ostringstream o;
   o << "== machine ==\n" << topo.format_text() << "\n== tiers ==\n";
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof line, "  %-14s %12s %12s %12s  %s\n", "tier", "capacity",
                 "available", "budget", "budget rule");
   o << line;
@@ -171,6 +165,7 @@ void run_info(const InfoArgs& args) {
                   r.budget ? ght::config::format_bytes(*r.budget).c_str() : "-",
                   r.budget_rule.c_str());
     o << line;
+    if (!r.warning.empty()) o << "  warning: " << r.warning << "\n";
   }
   o << "\n== link ==\n" << "link kind     " << ght::to_string(topo.link) << "\n"
     << link.format_text();

@@ -8,7 +8,9 @@
  * be called from any number of threads at once. The allocator is built from the GHT_*
  * environment on first use (or by ght_init) and lives until ght_finalize() or process exit.
  *
- *   Python:  torch.cuda.memory.CUDAPluggableAllocator("build/lib/libghtier.so",
+ * Link (or dlopen) libghtier_alloc.so, the allocator library: it needs only cudart, libnuma and
+ * hwloc, so it loads beside PyTorch's own cuBLAS, cuDNN and OpenMP runtime.
+ *   Python:  torch.cuda.memory.CUDAPluggableAllocator("build/lib/libghtier_alloc.so",
  *                                                     "ght_torch_malloc", "ght_torch_free")
  */
 #ifndef GHT_GHT_H
