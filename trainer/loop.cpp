@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "optimizer/adamw.hpp"
@@ -135,6 +136,17 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
   for (const auto& p : split.val) (void)read_shard(p, cfg.model.vocab);
   loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
   if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
+
+  // The resolved configuration, for people and tools that look in the run directory (it is also
+  // in log.jsonl's config record and in each checkpoint).
+  {
+    const fs::path path = fs::path(cfg.out) / "config.json";
+    const fs::path tmp = fs::path(cfg.out) / ".config.json.tmp";
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o || !(o << cfg.to_json().dump(2) << "\n") || !o.flush()) throw io_error(tmp.string() + ": cannot write");
+    o.close();
+    fs::rename(tmp, path);
+  }
 
   const double needed = static_cast<double>(cfg.steps) * static_cast<double>(cfg.model.tokens_per_step());
   const auto have = static_cast<double>(loader->tokens_per_epoch());

@@ -96,6 +96,9 @@ TEST(Loop, PreviousRunNeedsResumeOrOverwriteAndRecordsCarryTheRunId) {
   ASSERT_EQ(ids.size(), 1u);
   ASSERT_FALSE(ids.begin()->empty()) << "records without a run_id";
   const std::string first_id = *ids.begin();
+  std::ifstream resolved(tmp / "run/config.json");
+  ASSERT_TRUE(resolved.good()) << "no <out>/config.json";
+  EXPECT_EQ(nlohmann::json::parse(resolved).at("train").at("steps"), 2);
 
   const std::string msg = error_of<ght::logic_error>([&] { (void)train(cfg, quiet()); });
   EXPECT_NE(msg.find("--resume auto"), std::string::npos) << msg;
