@@ -8,11 +8,11 @@ prep_corpus "$work/data"
 args=("${small_args[@]}" -o schedule.warmup_steps=1 --data "$work/data")
 
 # Flags out of range, named with their range; no run directory is created.
-for bad in "--steps -3" "--steps 0" "--stop-at -1" "--profile-steps -2"; do
+for bad in "--steps -3" "--steps 0" "--stop-at -1" "--profile-steps -2" "--lr -1"; do
   flag=${bad%% *}
   if "$ght" train "${args[@]}" --out "$work/bad" $bad >/dev/null 2>"$work/err.txt"; then fail "$bad accepted"; fi
   grep -q -- "$flag" "$work/err.txt" || { cat "$work/err.txt"; fail "error for $bad does not name $flag"; }
-  grep -q ">= " "$work/err.txt" || { cat "$work/err.txt"; fail "error for $bad does not give the range"; }
+  grep -q "[>]=* *[0-9]" "$work/err.txt" || { cat "$work/err.txt"; fail "error for $bad does not give the range"; }
 done
 [ ! -e "$work/bad" ] || fail "a refused run created its run directory"
 if "$ght" train "${small_args[@]}" --out "$work/bad" --steps 30 >/dev/null 2>"$work/err.txt"; then fail "ran without --data"; fi

@@ -1,6 +1,6 @@
 // ght train: train the MoE model (see trainer/train.hpp and trainer/train_config.hpp).
+#include <cmath>
 #include <iostream>
-#include <limits>
 #include <optional>
 #include <toml.hpp>
 
@@ -61,7 +61,19 @@ void setup(CLI::App& app) {
   c->add_option("--out", args->out, "Run directory for checkpoints and log.jsonl (train.out)");
   c->add_option("--steps", args->steps, "Optimizer steps (train.steps)")->check(int_at_least(1, "a step count"));
   c->add_option("--lr", args->lr, "Peak learning rate (schedule.lr)")
-      ->check(CLI::Range(std::numeric_limits<double>::min(), std::numeric_limits<double>::max()));
+      ->check(CLI::Validator(
+          [](const std::string& v) -> std::string {
+            double x = 0;
+            std::size_t used = 0;
+            try {
+              x = std::stod(v, &used);
+            } catch (const std::exception&) {
+              used = 0;
+            }
+            if (used == v.size() && !v.empty() && x > 0 && std::isfinite(x)) return {};
+            return "must be a learning rate > 0 (got " + v + ")";
+          },
+          "LR>0"));
   c->add_option("--backend", args->backend, "auto | cpu | cuda (train.backend)");
   c->add_option("--resume", args->resume,
                 "auto (newest good checkpoint in the run directory), a run directory (its newest good "

@@ -1,8 +1,8 @@
 #pragma once
 /**
  * @file train_cuda.hpp
- * @brief The training loop on the CUDA backend: same configuration, data order, schedule,
- * logging, evaluation and checkpoint format as the CPU loop (trainer/train.cpp), with
+ * @brief The CUDA backend of the training loop (trainer/loop.hpp, shared with the CPU backend:
+ * configuration, data order, schedule, logging, evaluation and checkpoint format), with
  *  - bf16 weights in HBM (trainer/cuda/model_cuda.hpp);
  *  - fp32 master/m/v from the optimizer's StateAllocator: host (mapped pinned) by default, HBM
  *    with GHT_OPTIMIZER=device, or per region as the plan says when GHT_PLACE or GHT_POLICY is
