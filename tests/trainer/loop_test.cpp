@@ -115,6 +115,21 @@ TEST(Loop, PreviousRunNeedsResumeOrOverwriteAndRecordsCarryTheRunId) {
   EXPECT_EQ(list_checkpoints(tmp / "run"), std::vector<std::int64_t>{2});
 }
 
+TEST(Loop, WarnsWhenTheDataWouldRepeat) {
+  ght::test::TempDir tmp("ght_loop_test");
+  write_corpus(tmp / "data");  // 40000 training tokens; 128 tokens per step
+  TrainConfig cfg = small_config(tmp / "data", tmp / "run");
+  testing::internal::CaptureStderr();
+  { TrainSession fits(cfg, quiet()); }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  cfg.steps = cfg.schedule.total_steps = 1000;  // 128000 tokens: 3.2 passes
+  testing::internal::CaptureStderr();
+  { TrainSession repeats(cfg, quiet()); }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("3.20 passes"), std::string::npos) << err;
+  EXPECT_NE(err.find("repeats"), std::string::npos) << err;
+}
+
 TEST(Loop, BadDataFailsBeforeStepOne) {
   ght::test::TempDir tmp("ght_loop_test");
   write_corpus(tmp / "data", /*bad_val_token=*/300);  // vocab is 256; read only at eval time

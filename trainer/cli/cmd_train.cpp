@@ -75,11 +75,12 @@ void setup(CLI::App& app) {
           },
           "LR>0"));
   c->add_option("--backend", args->backend, "auto | cpu | cuda (train.backend)");
-  c->add_option("--resume", args->resume,
+  auto* resume = c->add_option("--resume", args->resume,
                 "auto (newest good checkpoint in the run directory), a run directory (its newest good "
                 "checkpoint) or a checkpoint directory");
   c->add_flag("--overwrite", args->overwrite,
-              "Start over in a run directory that holds a previous run: delete its checkpoints and log first");
+              "Start over in a run directory that holds a previous run: delete its checkpoints and log first")
+      ->excludes(resume);
   c->add_option("--stop-at", args->stop_at, "Stop after this step with a checkpoint; the schedule still spans --steps")
       ->check(int_at_least(1, "a step number"));
   c->add_option("--profile-steps", args->profile_steps,
