@@ -196,7 +196,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     };
     // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
     auto save_before_rethrow = [&](const char* where) {
-      if (s.step == summary.first_step || s.step == saved_step) return;
+      if (!save_ckpts || s.step == summary.first_step || s.step == saved_step) return;
       try {
         save_ckpt(s.step);
         log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
