@@ -20,6 +20,7 @@
 #include "ght/ght.h"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "tier/log.hpp"
 #include "tier/topology.hpp"
 
 #ifdef GHT_HAVE_CUDA
@@ -322,7 +323,7 @@ void* ght_torch_malloc(ssize_t size, int device, ght_stream_t stream) {
   });
   // PyTorch turns NULL into its own out-of-memory error without our reason; print it.
   if (result == nullptr && size > 0) {
-    std::fprintf(stderr, "ghtier: ght_torch_malloc(%zd bytes) failed: %s\n", size, t_error.c_str());
+    ght::log::error("ght_torch_malloc(" + std::to_string(size) + " bytes) failed: " + t_error);
   }
   return result;
 }
@@ -373,7 +374,7 @@ void ght_torch_free(void* ptr, ssize_t size, int device, ght_stream_t stream) {
     return 0;
   });
   // PyTorch's free hook cannot report failure; a failure here is a bug worth seeing.
-  if (rc != 0) std::fprintf(stderr, "ghtier: ght_torch_free failed: %s\n", t_error.c_str());
+  if (rc != 0) ght::log::error("ght_torch_free failed: " + t_error);
 }
 
 }  // extern "C"

@@ -12,6 +12,7 @@
 #include <tbb/task_group.h>
 
 #include "tier/error.hpp"
+#include "tier/log.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/safetensors.hpp"
 
@@ -138,6 +139,16 @@ nlohmann::json checked_manifest(const fs::path& dir) {
   }
   for (const char* req : kRequired) {
     if (!man["files"].contains(req)) ck_fail(manifest, std::string("does not list ") + req);
+  }
+  // A ckpt_<step> directory must hold that step: resume and prune trust the name (a copied or
+  // renamed directory would otherwise resume at the wrong step, or be pruned as the wrong one).
+  fs::path name = dir.filename();
+  if (name.empty()) name = dir.parent_path().filename();  // "run/ckpt_00000009/"
+  const std::int64_t named = parse_step(name.string());
+  const std::int64_t step = man["step"].get<std::int64_t>();
+  if (named >= 0 && named != step) {
+    ck_fail(manifest, "holds step " + std::to_string(step) + " but its directory is named " + name.string() +
+                          " (step " + std::to_string(named) + "); rename it to " + checkpoint_dir_name(step));
   }
   return man;
 }
@@ -360,7 +371,7 @@ std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir, const Lo
     try {
       return LoadedCheckpoint{dir, load(dir, opts)};
     } catch (const io_error& e) {
-      std::fprintf(stderr, "ght: warning: skipping checkpoint %s: %s\n", dir.c_str(), e.what());
+      log::warn("skipping checkpoint " + dir + ": " + e.what());
     }
   }
   return std::nullopt;
@@ -369,7 +380,17 @@ std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir, const Lo
 std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
                                                 const std::function<void(const std::string&)>& say) {
   if (resume.empty()) return std::nullopt;
-  if (resume != "auto") return LoadedCheckpoint{resume, load(resume)};
+  if (resume != "auto") {
+    std::error_code ec;
+    // A run directory (no marker of its own, checkpoints inside): its newest good checkpoint.
+    if (!fs::exists(fs::path(resume) / kMarker, ec) && !fs::exists(fs::path(resume) / kManifest, ec) &&
+        !list_checkpoints(resume).empty()) {
+      auto c = load_latest(resume);
+      if (!c) throw io_error("--resume " + resume + ": a run directory with no checkpoint that loads (see the warnings above)");
+      return c;
+    }
+    return LoadedCheckpoint{resume, load(resume)};
+  }
   auto c = load_latest(run_dir);
   if (!c) say("resume auto: no committed checkpoint in " + run_dir + "; starting fresh");
   return c;
@@ -394,7 +415,7 @@ std::optional<std::string> find_latest(const std::string& run_dir) {
     const std::string dir = (fs::path(run_dir) / checkpoint_dir_name(step)).string();
     const std::string why = verify(dir);
     if (why.empty()) return dir;
-    std::fprintf(stderr, "ght: warning: skipping checkpoint %s: %s\n", dir.c_str(), why.c_str());
+    log::warn("skipping checkpoint " + dir + ": " + why);
   }
   return std::nullopt;
 }

@@ -20,7 +20,8 @@
  * fsync'd (with the directory). A crash at any point leaves either no `ckpt_` directory or one
  * without COMMITTED, which load() and find_latest() reject. Checksums are XXH3-64 (libxxhash).
  *
- * Loading verifies the marker, the manifest's checksum, and every file's size and checksum;
+ * Loading verifies the marker, the manifest's checksum, every file's size and checksum, and that
+ * a `ckpt_<step>` directory's name agrees with its manifest's step;
  * errors (ght::io_error) name the checkpoint file and the problem. load() reads each file once,
  * checksumming the bytes as it parses them (a 21B-parameter checkpoint is ~340 GB: a separate
  * verification pass would double the time to resume).
@@ -132,8 +133,9 @@ struct LoadedCheckpoint {
                                                           const LoadOptions& opts = {});
 
 /// @brief What `--resume` asks for: "" = nothing (nullopt); "auto" = load_latest(run_dir) (nullopt,
-/// with a "starting fresh" line through `say`, when there is none); anything else = that
-/// checkpoint directory, which must load. @throws ght::io_error for an explicit one that fails
+/// with a "starting fresh" line through `say`, when there is none); a run directory (one holding
+/// `ckpt_*` directories) = its newest checkpoint that loads, which must exist; anything else =
+/// that checkpoint directory, which must load. @throws ght::io_error for an explicit one that fails
 [[nodiscard]] std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
                                                               const std::function<void(const std::string&)>& say);
 

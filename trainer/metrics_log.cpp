@@ -11,6 +11,7 @@
 
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "tier/log.hpp"
 
 namespace ght::trainer {
 
@@ -161,7 +162,7 @@ void MetricsLogger::log_step(const StepRecord& r) {
     first_step_ = r.step;
     first_elapsed_ = r.elapsed_s;
   }
-  if (jsonl_) jsonl_->write(step_json(r));
+  write_jsonl(step_json(r));
   if (opt_.quiet) return;
   const double eta = eta_s(r);
   const bool last = opt_.total_steps > 0 && r.step >= opt_.total_steps;
@@ -184,19 +185,26 @@ void MetricsLogger::log_step(const StepRecord& r) {
 }
 
 void MetricsLogger::log_eval(std::int64_t step, double eval_loss, double elapsed_s) {
-  if (jsonl_) {
-    jsonl_->write({{"type", "eval"}, {"step", step}, {"eval_loss", eval_loss}, {"elapsed_s", elapsed_s}});
-  }
+  write_jsonl({{"type", "eval"}, {"step", step}, {"eval_loss", eval_loss}, {"elapsed_s", elapsed_s}});
   print("eval step " + std::to_string(step) + " | eval loss " + fmt("%.4f", eval_loss) + " | " +
         format_duration(elapsed_s) + " elapsed");
 }
 
-void MetricsLogger::log_event(const nlohmann::ordered_json& j) {
-  if (jsonl_) jsonl_->write(j);
+void MetricsLogger::log_event(const nlohmann::ordered_json& j) { write_jsonl(j); }
+
+void MetricsLogger::write_jsonl(const nlohmann::ordered_json& j) {
+  if (!jsonl_) return;
+  if (opt_.run_id.empty()) {
+    jsonl_->write(j);
+    return;
+  }
+  nlohmann::ordered_json t = j;
+  t["run_id"] = opt_.run_id;
+  jsonl_->write(t);
 }
 
 void MetricsLogger::print(std::string_view line) {
-  if (opt_.quiet) return;
+  if (opt_.quiet || !log::enabled(log::Level::info)) return;
   if (bar_shown_) {
     // The bar stays on the last line: erase it, print, and let the next step redraw it.
     *out_ << kClearLine;

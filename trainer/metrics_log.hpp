@@ -80,6 +80,7 @@ struct MetricsLogOptions {
   std::int64_t console_every = 1;    ///< a step line every N steps (the last step always)
   ProgressMode progress = ProgressMode::automatic;
   std::int64_t progress_every = 0;   ///< lines mode: every N steps; 0: about 20 lines per run
+  std::string run_id = {};           ///< non-empty: added as "run_id" to every JSONL record
 };
 
 /// Per-step logging to the console and JSONL, with progress and ETA.
@@ -95,7 +96,8 @@ class MetricsLogger {
   void log_eval(std::int64_t step, double eval_loss, double elapsed_s);
   /// Any other record (e.g. {"type":"config",...}); JSONL only.
   void log_event(const nlohmann::ordered_json& j);
-  /// A line of text above the bar (the bar is redrawn after it).
+  /// A line of text above the bar (the bar is redrawn after it); an info message, so nothing
+  /// below GHT_LOG_LEVEL=info.
   void print(std::string_view line);
   /// Remove the bar (call once at the end of the run).
   void finish();
@@ -104,6 +106,7 @@ class MetricsLogger {
 
  private:
   void draw_bar(const StepRecord& r, double eta);
+  void write_jsonl(const nlohmann::ordered_json& j);
   MetricsLogOptions opt_;
   std::ostream* out_ = nullptr;
   bool bar_ = false, bar_shown_ = false;

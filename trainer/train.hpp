@@ -3,7 +3,7 @@
  * @file train.hpp
  * @brief The training loop: micro-batches with gradient accumulation, AdamW from optimizer/,
  * LR schedule, periodic eval on held-out shards, logging, atomic checkpoints with exact resume,
- * and SIGTERM/SIGINT save-and-exit.
+ * and SIGTERM/SIGINT save-and-exit. The loop is shared by the backends (trainer/loop.hpp).
  *
  * Backends: `cpu` is the fp32 OpenMP reference backend (trainer/model.hpp); `cuda` is the GPU
  * backend (trainer/cuda/train_cuda.hpp: bf16 compute, fp32 state where the plan says); `auto`
@@ -18,7 +18,10 @@
 namespace ght::trainer {
 
 struct TrainRunOptions {
-  std::string resume;                ///< "": fresh start; "auto": newest good checkpoint in out; else a checkpoint dir
+  std::string resume;                ///< "": fresh start; "auto": newest good checkpoint in out; else a checkpoint or run dir
+  /// A fresh start (resume "") into a run directory that holds a previous run's checkpoints or
+  /// log.jsonl deletes them first; without it such a start is refused.
+  bool overwrite = false;
   std::optional<std::int64_t> stop_at;  ///< stop (with a checkpoint) after this step, schedule unchanged
   bool quiet = false;                ///< no console output (tests)
   /// cuda backend: write the per-step breakdown (forward, backward, exposed optimizer, link GB)
@@ -37,11 +40,12 @@ struct TrainSummary {
   std::string backend;
 };
 
-/// Run training; returns after `steps` (or stop_at, or a stop signal) with a final checkpoint.
+/**
+ * @brief Run training; returns after `steps` (or stop_at, or a stop signal) with a final
+ * checkpoint. The loop itself is trainer/loop.hpp; this picks the backend.
+ * @throws ght::logic_error for a bad config, a run directory in use by another run or holding
+ *         one (see TrainRunOptions::overwrite); ght::io_error for bad data or checkpoints
+ */
 TrainSummary train(const TrainConfig& cfg, const TrainRunOptions& run = {});
-
-/// Mean cross-entropy (nats/token) of a CPU model over `batches` batches of the val shards.
-template <class Model>
-double evaluate(Model& model, const std::string& data, int batches, int B, int T);
 
 }  // namespace ght::trainer

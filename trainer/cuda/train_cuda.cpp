@@ -1,5 +1,7 @@
-// The CUDA training loop (see train_cuda.hpp). Mirrors trainer/train.cpp step for step; the
-// helpers it needs from there (snapshot/restore, evaluate) are re-written here for the GPU model.
+// The CUDA backend of the training loop (see train_cuda.hpp). The loop itself (resume, eval,
+// checkpoints, signals, the step record) is trainer/loop.cpp; this file supplies the step: the
+// placement, the model and optimizer, forward/backward over the micro-batches, the norm and the
+// update, and the per-step breakdown (profile).
 #include "trainer/cuda/train_cuda.hpp"
 
 #include <cuda_runtime_api.h>
@@ -30,9 +32,9 @@
 #include "trainer/checkpoint.hpp"
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/data.hpp"
+#include "trainer/loop.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/regions.hpp"
-#include "trainer/signals.hpp"
 
 namespace ght::trainer {
 
@@ -161,12 +163,12 @@ void write_text_atomic(const std::string& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
-// ---- the run -------------------------------------------------------------------------------
+// ---- the backend ---------------------------------------------------------------------------
 
-class CudaRun {
+class CudaRun final : public TrainBackend {
  public:
-  CudaRun(const TrainConfig& cfg, const TrainRunOptions& run) : cfg_(cfg), run_(run) {}
-  ~CudaRun() {
+  explicit CudaRun(TrainSession& s) : s_(s), cfg_(s.cfg), run_(s.run) {}
+  ~CudaRun() override {
     // Pending updates read gradients and write weights: finish them before anything is freed.
     try {
       if (opt_) opt_->synchronize();
@@ -178,18 +180,30 @@ class CudaRun {
   }
   CudaRun(const CudaRun&) = delete;
   CudaRun& operator=(const CudaRun&) = delete;
+  /// setup(), then the shared loop; CUDA errors and out-of-memory come back naming the step,
+  /// the memory by tier and the last good checkpoint.
   TrainSummary go();
 
+  // ---- TrainBackend ----
+  [[nodiscard]] std::string name() const override { return "cuda"; }
+  [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return model_->tensors(); }
+  [[nodiscard]] optimizer::AdamW& optimizer() override { return *opt_; }
+  void init_weights(std::uint64_t seed) override;
+  void load_weights(std::size_t r, std::span<const float> w) override;
+  StepOutcome step(std::int64_t step, double lr, DataLoader& data) override;
+  double eval_loss(const Batch& b) override;
+  void on_start(MetricsLogger& log) override;
+  void after_step(std::int64_t step, MetricsLogger& log) override;
+  void before_extra_work() override { extra_work_since_last_step_ = true; }
+  void synchronize() override;
+  bool recover_after_failed_step() override;
+  void finish(bool ok) override;
+
  private:
-  void say(const std::string& s) const {
-    if (!run_.quiet) std::cout << s << std::endl;
-  }
+  void say(const std::string& s) const { s_.say(s); }
   void setup();
-  void init_or_resume();
-  void train_loop();
-  void step_once();
-  double evaluate();
-  void save_ckpt(std::int64_t s);
+  /// The breakdown of the step that just ran, from its CUDA events.
+  StepProfile measure_step(double wall_s, const optimizer::StepResult& sr, double opt_host_ms);
   /// Write <out>/profile.json from profile_ if it holds steps not yet written.
   void write_profile();
   std::size_t profile_written_ = 0;
@@ -208,11 +222,9 @@ class CudaRun {
   void stream_unit(int u);
   void speculate_unit(int u);
 
+  TrainSession& s_;
   TrainConfig cfg_;
   TrainRunOptions run_;
-  TrainSummary summary_;
-  DataSplit split_;
-  std::unique_ptr<DataLoader> loader_;
   std::optional<tier::Plan> plan_;
   bool stream_grads_ = false;
   std::vector<bool> recompute_;
@@ -223,12 +235,11 @@ class CudaRun {
   alloc::unique_block host_grads_;  // stream mode: fp32 host accumulator (mapped pinned on PCIe)
   std::unique_ptr<optimizer::GradStreamAccumulator> acc_;
   std::unique_ptr<optimizer::AdamW> opt_;
-  std::unique_ptr<MetricsLogger> log_;
   std::vector<std::vector<std::size_t>> unit_regions_;  // regions (tensors) of each unit
   std::vector<std::pair<std::size_t, std::size_t>> unit_range_;
   double link_h2d_per_step_ = 0, link_d2h_per_step_ = 0;
-  std::int64_t step_ = 0;
-  std::chrono::steady_clock::time_point t_start_;
+  std::int64_t step_ = 0;        // steps completed before the one running
+  std::int64_t first_step_ = -1;  // this process's first step
 
   // Per-step state read by the model hooks.
   bool training_ = false;
@@ -246,6 +257,7 @@ class CudaRun {
   cudaStream_t grad_ready_stream_ = nullptr;  // stream mode: gates the accumulator per unit
   std::vector<Event> unit_done_;              // stream mode: recorded after each unit's backward
   std::vector<StepProfile> profile_;
+  StepProfile last_profile_;
   std::string mfu_formula_;
   bool extra_work_since_last_step_ = false;
 };
@@ -266,14 +278,7 @@ void CudaRun::setup() {
   cudaDeviceProp prop{};
   GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
 
-  split_ = resolve_split(cfg_.data);
-  GHT_EXPECTS(!split_.train.empty(), "no train_* shards under " + cfg_.data + " (run `ght prep` first)");
-  LoaderOptions lo;
-  lo.batch = mc.micro_batch;
-  lo.seq_len = mc.seq_len;
-  lo.seed = cfg_.seed;
-  lo.vocab = mc.vocab;
-  loader_ = std::make_unique<DataLoader>(split_.train, lo);
+  // The data (train and val loaders) is the session's, checked before this runs.
 
   // ---- the allocator and the plan it follows ----
   alloc_ = alloc::make_default_tiered_allocator();
@@ -417,39 +422,45 @@ void CudaRun::setup() {
   say(mfu_formula_);
 }
 
-void CudaRun::init_or_resume() {
+// ---- weights and state (the loop calls these on a fresh start or a resume) ----------------------
+
+void CudaRun::init_weights(std::uint64_t seed) {
+  // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
   const auto& ts = model_->tensors();
-  const auto ck = load_for_resume(run_.resume, cfg_.out, [this](const std::string& m) { say(m); });
-  if (!ck) {
-    // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
-    init_params_host(ts, cfg_.seed, [&](std::size_t r, std::span<const float> v) {
-      model_->load_weights(ts[r].offset, v);
-      opt_->load_state(r, v.data(), nullptr, nullptr);
-    });
-    model_->zero_grad();
-    return;
-  }
-  const CheckpointData& c = ck->data;
-  const std::string& dir = ck->dir;
-  const TrainConfig saved = TrainConfig::from_json(c.config);
-  GHT_EXPECTS(saved.to_json()["model"] == cfg_.to_json()["model"],
-              "checkpoint " + dir + " was written for a different model config");
-  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + dir + " has " + std::to_string(c.master.size()) +
-                                                " optimizer tensors; the model has " + std::to_string(ts.size()));
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    const auto& t = ts[r];
-    const auto& ms = c.master[r];
-    GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
-                    c.adam_v[r].data.size() == t.numel,
-                "checkpoint " + dir + ": tensor " + ms.name + " does not match the model's " + t.name);
-    opt_->load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
-    model_->load_weights(t.offset, ms.data);
-  }
-  opt_->set_step_count(c.optimizer.at("step").get<std::int64_t>());
-  loader_->restore(LoaderState::from_json(c.data_position));
+  init_params_host(ts, seed, [&](std::size_t r, std::span<const float> v) {
+    model_->load_weights(ts[r].offset, v);
+    opt_->load_state(r, v.data(), nullptr, nullptr);
+  });
+}
+
+void CudaRun::load_weights(std::size_t r, std::span<const float> w) {
+  model_->load_weights(model_->tensors()[r].offset, w);
+}
+
+void CudaRun::on_start(MetricsLogger& log) {
   model_->zero_grad();
-  step_ = c.step;
-  say("resumed from " + dir + " at step " + std::to_string(step_));
+  log.log_event({{"type", "mfu_formula"}, {"formula", mfu_formula_}});
+}
+
+void CudaRun::synchronize() {
+  opt_->synchronize();
+  GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
+}
+
+bool CudaRun::recover_after_failed_step() {
+  // An update launched during the failed step's backward (speculation) is undone exactly.
+  try {
+    opt_->cancel_speculation();
+    opt_->synchronize();
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+double CudaRun::eval_loss(const Batch& b) {
+  // The forward hooks wait for the pending update (training_ is false: nothing is zeroed).
+  return model_->forward(b.inputs.data(), b.targets.data(), cfg_.model.micro_batch, cfg_.model.seq_len).ce;
 }
 
 // ---- hooks -----------------------------------------------------------------------------------
@@ -516,18 +527,23 @@ void CudaRun::stream_unit(int u) {
 
 // ---- one step ----------------------------------------------------------------------------------
 
-void CudaRun::step_once() {
+// ---- one step ----------------------------------------------------------------------------------
+
+StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   const ModelConfig& mc = cfg_.model;
   const int B = mc.micro_batch, T = mc.seq_len, A = mc.grad_accum;
   const cudaStream_t s = model_->stream();
   const auto t0 = std::chrono::steady_clock::now();
+  step_ = step;
+  if (first_step_ < 0) first_step_ = step;
   cur_ = ev_[step_ % 2].get();  // prev_ is the other set: the previous step's events
   std::fill(cur_->waited.begin(), cur_->waited.end(), false);
   stream_host_ms_ = 0;
   spec_host_ms_ = 0;
 
+  // ---- forward and backward over the micro-batches ----
   training_ = true;
-  step_lr_ = lr_at(cfg_.schedule, step_);
+  step_lr_ = lr;
   // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
   // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
   // Streamed gradients live on the host, where speculate_region cannot use them.
@@ -542,7 +558,7 @@ void CudaRun::step_once() {
     aux += l.aux / A;
   };
   for (micro_ = 0; micro_ < A; ++micro_) {
-    loader_->next(b);
+    data.next(b);
     if (micro_ >= kSlots) add_loss(micro_ - kSlots);
     cur_->fwd_start[static_cast<std::size_t>(micro_)].record(s);
     pending_unit_ = -1;
@@ -555,8 +571,7 @@ void CudaRun::step_once() {
   micro_ = 0;
   training_ = false;
 
-  // ---- the optimizer: every gradient is final ----
-  const double lr = step_lr_;
+  // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
@@ -575,12 +590,35 @@ void CudaRun::step_once() {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
 
   for (int m = std::max(0, A - kSlots); m < A; ++m) add_loss(m);
-  ++step_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  // ---- breakdown (every compute-stream event of this step has completed: begin_step waited) ----
+  // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
+  const StepProfile p = measure_step(dt, sr, opt_host_ms);
+  if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
+    profile_.push_back(p);
+    if (static_cast<std::int64_t>(profile_.size()) == run_.profile_steps) write_profile();
+  }
+  last_profile_ = p;
+  prev_ = cur_;
+  extra_work_since_last_step_ = false;
+
+  StepOutcome o;
+  o.loss = loss;
+  o.aux_loss = aux;
+  o.grad_norm = sr.grad_norm;
+  o.seconds = dt;
+  o.mfu = p.mfu;
+  o.link_gb_h2d = p.h2d_gb;
+  o.link_gb_d2h = p.d2h_gb;
+  return o;
+}
+
+// Every compute-stream event of the step has completed: begin_step waited for them.
+StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, double opt_host_ms) {
+  const ModelConfig& mc = cfg_.model;
+  const int A = mc.grad_accum;
   StepProfile p;
-  p.step = step_;
+  p.step = step_ + 1;
   p.wall_ms = dt * 1e3;
   for (int m = 0; m < A; ++m) {
     const auto mm = static_cast<std::size_t>(m);
@@ -613,41 +651,28 @@ void CudaRun::step_once() {
   p.speculated_params = sr.speculated_params;
   p.speculation_undone = sr.speculation_undone;
   p.spec_host_ms = spec_host_ms_;
-  if (step_ == summary_.first_step + 1) {
-    log_->print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
+  return p;
+}
+
+void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
+  const StepProfile& p = last_profile_;
+  if (step == first_step_ + 1) {
+    log.print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
     const tier::Prediction& pr = plan_->prediction();
     const alloc::Usage hbm = alloc_->tier_usage(TierKind::hbm), host = alloc_->tier_usage(TierKind::host);
-    log_->print("memory after the first step: HBM peak " + config::format_bytes(hbm.peak) + " (plan " +
-                config::format_bytes(pr.hbm_bytes) + ", " + fmt("%.3f", static_cast<double>(hbm.peak) / std::max<double>(1, static_cast<double>(pr.hbm_bytes))) +
-                "x), host peak " + config::format_bytes(host.peak) + " (plan " + config::format_bytes(pr.host_bytes) +
-                ", " + fmt("%.3f", static_cast<double>(host.peak) / std::max<double>(1, static_cast<double>(pr.host_bytes))) +
-                "x), " + std::to_string(alloc_->spill_count()) + " spills");
+    auto ratio = [](std::uint64_t a, std::uint64_t b) {
+      return fmt("%.3f", static_cast<double>(a) / std::max(1.0, static_cast<double>(b)));
+    };
+    log.print("memory after the first step: HBM peak " + config::format_bytes(hbm.peak) + " (plan " +
+              config::format_bytes(pr.hbm_bytes) + ", " + ratio(hbm.peak, pr.hbm_bytes) + "x), host peak " +
+              config::format_bytes(host.peak) + " (plan " + config::format_bytes(pr.host_bytes) + ", " +
+              ratio(host.peak, pr.host_bytes) + "x), " + std::to_string(alloc_->spill_count()) + " spills");
   }
-  if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
-    profile_.push_back(p);
-    if (static_cast<std::int64_t>(profile_.size()) == run_.profile_steps) write_profile();
-  }
-  prev_ = cur_;
-  extra_work_since_last_step_ = false;
-
-  StepRecord rec;
-  rec.step = step_;
-  rec.loss = loss;
-  rec.aux_loss = aux;
-  rec.grad_norm = sr.grad_norm;
-  rec.lr = lr;
-  rec.tokens_per_s = p.tokens_per_s;
-  rec.mfu = p.mfu;
-  rec.link_gb_h2d = p.h2d_gb;
-  rec.link_gb_d2h = p.d2h_gb;
-  rec.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
-  rec.skipped_steps = opt_->stats().steps_skipped_nonfinite;
-  log_->log_step(rec);
   nlohmann::ordered_json pj = p.json();
   pj["memory"] = memory_json(*alloc_);
   pj["type"] = "profile";
-  log_->log_event(pj);
-  if (cfg_.log_every > 0 && (step_ % cfg_.log_every == 0 || step_ == cfg_.steps)) {
+  log.log_event(pj);
+  if (cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {
     std::string line = "  fwd " + fmt("%.1f", p.forward_ms) + " ms | bwd " + fmt("%.1f", p.backward_ms) +
                        " ms | opt exposed " + fmt("%.1f", p.opt_exposed_ms) + " ms (stall " +
                        fmt("%.1f", p.opt_stall_ms) + ", gap " + fmt("%.1f", p.step_gap_ms) + ")";
@@ -657,62 +682,8 @@ void CudaRun::step_once() {
       line += " | speculated " + fmt("%.1f", static_cast<double>(p.speculated_params) / 1e6) + "M params" +
               (p.speculation_undone ? " (undone)" : "") + ", launch " + fmt("%.1f", p.spec_host_ms) + " ms";
     }
-    log_->print(line);
+    log.print(line);
   }
-  summary_.last_loss = loss;
-}
-
-double CudaRun::evaluate() {
-  const ModelConfig& mc = cfg_.model;
-  LoaderOptions lo;
-  lo.batch = mc.micro_batch;
-  lo.seq_len = mc.seq_len;
-  lo.shuffle = false;
-  lo.vocab = mc.vocab;
-  DataLoader val(split_.val, lo);
-  double sum = 0;
-  Batch b;
-  for (int i = 0; i < cfg_.eval_batches; ++i) {
-    val.next(b);
-    // The forward hooks wait for the pending update (training_ is false: nothing is zeroed).
-    sum += model_->forward(b.inputs.data(), b.targets.data(), mc.micro_batch, mc.seq_len).ce;
-  }
-  return sum / cfg_.eval_batches;
-}
-
-void CudaRun::save_ckpt(std::int64_t s) {
-  if (!config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS)) return;
-  opt_->synchronize();
-  const auto& ts = model_->tensors();
-  CheckpointView v;
-  std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
-  owned.reserve(3 * ts.size());
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    const NamedTensor& t = ts[r];
-    const float* arr[3] = {nullptr, nullptr, nullptr};
-    const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
-    for (int i = 0; i < 3; ++i) {
-      const optimizer::StateBuffer& sb = opt_->state(r, cls[i]);
-      if (sb.host != nullptr) {
-        arr[i] = static_cast<const float*>(sb.host);
-      } else {
-        auto& o = owned.emplace_back(t.numel);
-        opt_->save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
-        arr[i] = o.data();
-      }
-    }
-    // As on the CPU backend, the checkpoint's weights are the fp32 master weights.
-    v.weights.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
-    v.master.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
-    v.adam_m.push_back({t.name, t.shape, std::span<const float>(arr[1], t.numel)});
-    v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
-  }
-  v.optimizer = {{"step", opt_->step_count()}, {"steps_skipped_nonfinite", opt_->stats().steps_skipped_nonfinite}};
-  v.data_position = loader_->state().to_json();
-  v.rng = {{"init_seed", cfg_.seed}, {"note", "training draws no random numbers after init"}};
-  v.config = cfg_.to_json();
-  summary_.last_checkpoint = save(cfg_.out, s, v);
-  prune(cfg_.out, cfg_.keep);
 }
 
 void CudaRun::write_profile() {
@@ -792,81 +763,36 @@ std::string CudaRun::stats_report() const {
   return s;
 }
 
-void CudaRun::train_loop() {
-  MetricsLogOptions lopt;
-  lopt.jsonl_path = (fs::path(cfg_.out) / "log.jsonl").string();
-  lopt.total_steps = cfg_.steps;
-  lopt.quiet = run_.quiet;
-  lopt.console_every = cfg_.log_every;
-  log_ = std::make_unique<MetricsLogger>(lopt);
-  log_->log_event({{"type", "config"}, {"step", step_}, {"config", cfg_.to_json()}});
-  log_->log_event({{"type", "mfu_formula"}, {"formula", mfu_formula_}});
 
-  install_stop_handlers();
-  t_start_ = std::chrono::steady_clock::now();
-  const std::int64_t last = run_.stop_at ? std::min(*run_.stop_at, cfg_.steps) : cfg_.steps;
-  while (step_ < last) {
-    step_once();
-    if ((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || step_ == cfg_.steps) {
-      if (!split_.val.empty()) {
-        extra_work_since_last_step_ = true;
-        summary_.eval_loss = evaluate();
-        log_->log_eval(step_, *summary_.eval_loss,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count());
-      }
-    }
-    if (stop_requested()) {
-      log_->print("signal " + std::to_string(stop_signal()) + " received: checkpointing at step " +
-                  std::to_string(step_) + " and exiting");
-      save_ckpt(step_);
-      summary_.stopped_by_signal = true;
-      break;
-    }
-    if ((cfg_.ckpt_every > 0 && step_ % cfg_.ckpt_every == 0) || step_ == last) {
-      extra_work_since_last_step_ = true;
-      save_ckpt(step_);
-    }
+void CudaRun::finish(bool ok) {
+  write_profile();  // a run that ended (or was stopped, or failed) before N steps
+  if (ok && !profile_.empty()) {
+    say("profile (" + std::to_string(profile_.size()) + " steps): " + (fs::path(cfg_.out) / "profile.json").string());
   }
-  opt_->synchronize();
-  GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
-  log_->finish();
-  uninstall_stop_handlers();
 }
 
 TrainSummary CudaRun::go() {
-  summary_.backend = "cuda";
   try {
     setup();
-    fs::create_directories(cfg_.out);
-    init_or_resume();
-    summary_.first_step = step_;
-    train_loop();
+    return run_training(*this, s_);
   } catch (const ght::out_of_memory& e) {
-    uninstall_stop_handlers();
     write_profile();
-    throw ght::out_of_memory(std::string("train (cuda): out of memory at step ") + std::to_string(step_ + 1) +
+    throw ght::out_of_memory(std::string("train (cuda): out of memory at step ") + std::to_string(s_.step + 1) +
                              ": " + e.what() + "; " + stats_report() + "; last good checkpoint: " +
-                             (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
+                             (s_.summary.last_checkpoint.empty() ? "none" : s_.summary.last_checkpoint));
   } catch (const ght::cuda_error& e) {
-    uninstall_stop_handlers();
     write_profile();
-    throw ght::cuda_error(std::string("train (cuda): CUDA error at step ") + std::to_string(step_ + 1) + ": " +
+    throw ght::cuda_error(std::string("train (cuda): CUDA error at step ") + std::to_string(s_.step + 1) + ": " +
                           e.what() + "; " + stats_report() + "; last good checkpoint: " +
-                          (summary_.last_checkpoint.empty() ? "none" : summary_.last_checkpoint));
+                          (s_.summary.last_checkpoint.empty() ? "none" : s_.summary.last_checkpoint));
   }
-  write_profile();  // a run that ended (or was stopped) before N steps
-  summary_.last_step = step_;
-  if (!summary_.last_checkpoint.empty()) say("checkpoint: " + summary_.last_checkpoint);
-  if (!profile_.empty()) {
-    say("profile (" + std::to_string(profile_.size()) + " steps): " + (fs::path(cfg_.out) / "profile.json").string());
-  }
-  return summary_;
 }
 
 }  // namespace
 
 TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run) {
-  CudaRun r(cfg, run);
+  TrainSession s(cfg, run);  // before the GPU is touched: run directory, data
+  CudaRun r(s);
   return r.go();
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 /**
  * @file train_cuda.hpp
- * @brief The training loop on the CUDA backend: same configuration, data order, schedule,
- * logging, evaluation and checkpoint format as the CPU loop (trainer/train.cpp), with
+ * @brief The CUDA backend of the training loop (trainer/loop.hpp, shared with the CPU backend:
+ * configuration, data order, schedule, logging, evaluation and checkpoint format), with
  *  - one alloc::tiered_allocator for the run (alloc::make_default_tiered_allocator(): the
  *    GHT_* budgets), from which every byte comes, with the plan installed in it. The plan
  *    (greedy by default; GHT_POLICY, GHT_PLACE) is made for that allocator's budgets and

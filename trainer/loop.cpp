@@ -1,0 +1,287 @@
+#include "trainer/loop.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "optimizer/adamw.hpp"
+#include "tier/config.hpp"
+#include "tier/error.hpp"
+#include "tier/log.hpp"
+#include "trainer/checkpoint.hpp"
+#include "trainer/metrics_log.hpp"
+#include "trainer/signals.hpp"
+
+namespace ght::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+LoaderOptions loader_options(const TrainConfig& cfg, bool shuffle) {
+  LoaderOptions lo;
+  lo.batch = cfg.model.micro_batch;
+  lo.seq_len = cfg.model.seq_len;
+  lo.vocab = cfg.model.vocab;
+  lo.shuffle = shuffle;
+  if (shuffle) lo.seed = cfg.seed;
+  return lo;
+}
+
+// Uninstalls the stop handlers however the loop ends.
+struct StopHandlers {
+  StopHandlers() { install_stop_handlers(); }
+  ~StopHandlers() { uninstall_stop_handlers(); }
+  StopHandlers(const StopHandlers&) = delete;
+  StopHandlers& operator=(const StopHandlers&) = delete;
+};
+
+// The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
+// as on every backend), m and v, read in place where they live on the host.
+std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step) {
+  be.synchronize();
+  optimizer::AdamW& opt = be.optimizer();
+  opt.synchronize();
+  const auto& ts = be.tensors();
+  CheckpointView v;
+  std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
+  owned.reserve(3 * ts.size());
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const NamedTensor& t = ts[r];
+    const float* arr[3] = {nullptr, nullptr, nullptr};
+    const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
+    for (int i = 0; i < 3; ++i) {
+      const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
+      if (sb.host != nullptr) {
+        arr[i] = static_cast<const float*>(sb.host);
+      } else {
+        auto& o = owned.emplace_back(t.numel);
+        opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
+        arr[i] = o.data();
+      }
+    }
+    v.weights.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
+    v.master.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
+    v.adam_m.push_back({t.name, t.shape, std::span<const float>(arr[1], t.numel)});
+    v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
+  }
+  v.optimizer = {{"step", opt.step_count()}, {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite}};
+  v.data_position = s.loader->state().to_json();
+  v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
+  v.config = s.cfg.to_json();
+  const std::string dir = save(s.cfg.out, step, v);
+  prune(s.cfg.out, s.cfg.keep);
+  return dir;
+}
+
+void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
+  const CheckpointData& c = ck.data;
+  const std::string& where = ck.dir;
+  // The architecture must match; training knobs may change on resume.
+  const TrainConfig saved = TrainConfig::from_json(c.config);
+  GHT_EXPECTS(saved.to_json()["model"] == s.cfg.to_json()["model"],
+              "checkpoint " + where + " was written for a different model config");
+  const auto& ts = be.tensors();
+  optimizer::AdamW& opt = be.optimizer();
+  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
+                                                " optimizer tensors; the model has " + std::to_string(ts.size()));
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const auto& t = ts[r];
+    const auto& ms = c.master[r];
+    GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
+                    c.adam_v[r].data.size() == t.numel,
+                "checkpoint " + where + ": tensor " + ms.name + " does not match the model's " + t.name);
+    opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
+    be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
+  }
+  opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
+  s.loader->restore(LoaderState::from_json(c.data_position));
+  s.step = c.step;
+}
+
+double evaluate(TrainBackend& be, TrainSession& s) {
+  DataLoader& val = *s.val_loader;
+  val.reset();  // every eval reads the same batches
+  double sum = 0;
+  Batch b;
+  for (int i = 0; i < s.cfg.eval_batches; ++i) {
+    val.next(b);
+    sum += be.eval_loss(b);
+  }
+  return sum / s.cfg.eval_batches;
+}
+
+}  // namespace
+
+TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run_in) : cfg(cfg_in), run(run_in) {
+  cfg.validate();
+  run_id = new_run_id();
+  lock_ = std::make_unique<RunDirLock>(cfg.out);
+  if (run.resume.empty() && holds_run(cfg.out)) {
+    GHT_EXPECTS(run.overwrite, "run directory " + cfg.out +
+                                   " already holds a run (checkpoints or log.jsonl); use --resume auto to "
+                                   "continue it, or --overwrite to delete its checkpoints and log and start over");
+    clear_run(cfg.out);
+    say("--overwrite: removed the previous run's checkpoints and log from " + cfg.out);
+  }
+
+  // Every shard the run reads is checked now, not at its first use hours in: headers and sizes
+  // of the training shards (the loader range-checks their tokens as it loads each one), and all
+  // of the held-out data, which every eval reads.
+  split = resolve_split(cfg.data);
+  GHT_EXPECTS(!split.train.empty(), "no train_* shards under " + cfg.data + " (run `ght prep` first)");
+  for (const auto& p : split.train) (void)read_shard_info(p);
+  for (const auto& p : split.val) (void)read_shard(p, cfg.model.vocab);
+  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
+  if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
+
+  // The resolved configuration, for people and tools that look in the run directory (it is also
+  // in log.jsonl's config record and in each checkpoint).
+  {
+    const fs::path path = fs::path(cfg.out) / "config.json";
+    const fs::path tmp = fs::path(cfg.out) / ".config.json.tmp";
+    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+    if (!o || !(o << cfg.to_json().dump(2) << "\n") || !o.flush()) throw io_error(tmp.string() + ": cannot write");
+    o.close();
+    fs::rename(tmp, path);
+  }
+
+  const double needed = static_cast<double>(cfg.steps) * static_cast<double>(cfg.model.tokens_per_step());
+  const auto have = static_cast<double>(loader->tokens_per_epoch());
+  if (have > 0 && needed > have) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%.3g tokens of training (%lld steps) is %.2f passes over the %.3g tokens of train shards: the data repeats",
+                  needed, static_cast<long long>(cfg.steps), needed / have, have);
+    log::warn(buf);
+  }
+}
+
+void TrainSession::say(const std::string& s) const {
+  if (!run.quiet) log::info(s);
+}
+
+TrainSummary run_training(TrainBackend& be, TrainSession& s) {
+  const TrainConfig& cfg = s.cfg;
+  TrainSummary& summary = s.summary;
+  summary.backend = be.name();
+  bool ok = false;
+  try {
+    if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); })) {
+      restore(be, s, *ck);
+      s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
+    } else {
+      be.init_weights(cfg.seed);
+    }
+    summary.first_step = s.step;
+
+    MetricsLogOptions lopt;
+    lopt.jsonl_path = (fs::path(cfg.out) / "log.jsonl").string();
+    lopt.total_steps = cfg.steps;
+    lopt.quiet = s.run.quiet;
+    lopt.console_every = cfg.log_every;
+    lopt.run_id = s.run_id;
+    MetricsLogger log(lopt);
+    log.log_event({{"type", "config"}, {"step", s.step}, {"config", cfg.to_json()}});
+    be.on_start(log);
+
+    const StopHandlers handlers;
+    const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
+    std::int64_t saved_step = -1;
+    auto save_ckpt = [&](std::int64_t step) {
+      if (!save_ckpts) return;
+      summary.last_checkpoint = save_checkpoint(be, s, step);
+      saved_step = step;
+    };
+    // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
+    auto save_before_rethrow = [&](const char* where) {
+      if (!save_ckpts || s.step == summary.first_step || s.step == saved_step) return;
+      try {
+        save_ckpt(s.step);
+        log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
+                  std::to_string(s.step) + " first: " + summary.last_checkpoint);
+      } catch (const std::exception& e) {
+        log::error(std::string("could not save a checkpoint after the failure: ") + e.what());
+      }
+    };
+
+    const auto t_start = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+    const std::int64_t last = s.run.stop_at ? std::min(*s.run.stop_at, cfg.steps) : cfg.steps;
+    const auto tokens_per_step = static_cast<double>(cfg.model.tokens_per_step());
+    optimizer::AdamW& opt = be.optimizer();
+    while (s.step < last) {
+      const double lr = lr_at(cfg.schedule, s.step);
+      const LoaderState data_before = s.loader->state();
+      const std::int64_t taken_before = opt.step_count(), skipped_before = opt.stats().steps_skipped_nonfinite;
+      StepOutcome o;
+      try {
+        o = be.step(s.step, lr, *s.loader);
+      } catch (const ght::cuda_error&) {
+        throw;  // the device's state is unknown: the last checkpoint is the one to trust
+      } catch (...) {
+        // Only when the update did not run: then the state is that of the step before.
+        if (opt.step_count() == taken_before && opt.stats().steps_skipped_nonfinite == skipped_before &&
+            be.recover_after_failed_step()) {
+          s.loader->restore(data_before);
+          save_before_rethrow("a training step");
+        }
+        throw;
+      }
+      ++s.step;
+
+      StepRecord rec;
+      rec.step = s.step;
+      rec.loss = o.loss;
+      rec.aux_loss = o.aux_loss;
+      rec.grad_norm = o.grad_norm;
+      rec.lr = lr;
+      rec.tokens_per_s = o.seconds > 0 ? tokens_per_step / o.seconds : 0;
+      rec.mfu = o.mfu;
+      rec.link_gb_h2d = o.link_gb_h2d;
+      rec.link_gb_d2h = o.link_gb_d2h;
+      rec.elapsed_s = elapsed();
+      rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
+      log.log_step(rec);
+      be.after_step(s.step, log);
+      summary.last_loss = o.loss;
+
+      if (((cfg.eval_every > 0 && s.step % cfg.eval_every == 0) || s.step == cfg.steps) && s.val_loader) {
+        be.before_extra_work();
+        try {
+          summary.eval_loss = evaluate(be, s);
+        } catch (const ght::cuda_error&) {
+          throw;
+        } catch (...) {
+          save_before_rethrow("an eval");
+          throw;
+        }
+        log.log_eval(s.step, *summary.eval_loss, elapsed());
+      }
+      if (stop_requested()) {
+        log.print("signal " + std::to_string(stop_signal()) + " received: checkpointing at step " +
+                  std::to_string(s.step) + " and exiting");
+        save_ckpt(s.step);
+        summary.stopped_by_signal = true;
+        break;
+      }
+      if ((cfg.ckpt_every > 0 && s.step % cfg.ckpt_every == 0) || s.step == last) {
+        be.before_extra_work();
+        save_ckpt(s.step);
+        if (save_ckpts) log.print("checkpoint: " + summary.last_checkpoint);
+      }
+    }
+    be.synchronize();
+    log.finish();
+    ok = true;
+  } catch (...) {
+    be.finish(false);
+    throw;
+  }
+  summary.last_step = s.step;
+  be.finish(ok);
+  return summary;
+}
+
+}  // namespace ght::trainer

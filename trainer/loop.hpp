@@ -1,0 +1,120 @@
+#pragma once
+/**
+ * @file loop.hpp
+ * @brief The training loop, once for every backend.
+ *
+ * A backend (CPU reference, CUDA) supplies one optimizer step, the loss of one held-out batch,
+ * and where its weights and optimizer live. Everything around the step lives here:
+ *   - the run directory: lock, refusal to train over a previous run without --resume or
+ *     --overwrite, a run id on every log.jsonl record;
+ *   - the data: every shard checked before step 1, the training loader, the held-out loader;
+ *   - resume (config check, optimizer state, weights, data position) and fresh initialisation;
+ *   - the step record, eval every eval_every steps and at the end, SIGTERM/SIGINT save-and-exit,
+ *     checkpoints every ckpt_every steps and at the last step;
+ *   - after a failure in a step or an eval: a checkpoint of the last completed step, then the
+ *     error again.
+ *
+ *     TrainSession s(cfg, run);      // out dir locked, data validated, loaders made
+ *     CpuBackend b(s);               // the model and its optimizer
+ *     TrainSummary sum = run_training(b, s);
+ */
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trainer/data.hpp"
+#include "trainer/model.hpp"
+#include "trainer/run_dir.hpp"
+#include "trainer/train.hpp"
+#include "trainer/train_config.hpp"
+
+namespace ght::optimizer {
+class AdamW;
+}
+
+namespace ght::trainer {
+
+class MetricsLogger;
+
+/// What one optimizer step produced; the loop turns it into the step record.
+struct StepOutcome {
+  double loss = 0;       ///< mean training cross-entropy over the step's micro-batches
+  double aux_loss = 0;   ///< mean load-balance loss
+  double grad_norm = 0;  ///< global norm before clipping
+  double seconds = 0;    ///< the step's wall time (tokens/s is computed from it)
+  std::optional<double> mfu, link_gb_h2d, link_gb_d2h;
+};
+
+/// The state of one `train` invocation that outlives its backend's pieces.
+class TrainSession {
+ public:
+  /**
+   * @brief Validate the config, lock the run directory, check it against `run` (an old run
+   * there needs run.resume or run.overwrite), check every train and val shard, make the loaders.
+   * @throws ght::logic_error (config, a locked or non-empty run directory), ght::io_error (data)
+   */
+  TrainSession(const TrainConfig& cfg, const TrainRunOptions& run);
+
+  /// A progress note (info level; nothing when run.quiet).
+  void say(const std::string& s) const;
+
+  TrainConfig cfg;
+  TrainRunOptions run;
+  DataSplit split;
+  std::unique_ptr<DataLoader> loader;      ///< the training data
+  std::unique_ptr<DataLoader> val_loader;  ///< held-out data (null when there is none)
+  std::string run_id;
+  std::int64_t step = 0;  ///< optimizer steps completed so far
+  TrainSummary summary;   ///< filled as the run goes (what an error report can cite)
+
+ private:
+  std::unique_ptr<RunDirLock> lock_;
+};
+
+/// One backend of the loop. Its parameter tensors are its optimizer's regions, in order.
+class TrainBackend {
+ public:
+  virtual ~TrainBackend() = default;
+  [[nodiscard]] virtual std::string name() const = 0;
+  [[nodiscard]] virtual const std::vector<NamedTensor>& tensors() const = 0;
+  [[nodiscard]] virtual optimizer::AdamW& optimizer() = 0;
+  /// Fresh start: the initial weights (from the seed) into the model and the optimizer's master.
+  virtual void init_weights(std::uint64_t seed) = 0;
+  /// Resume: tensor r's fp32 weights into the model (the optimizer state is loaded already).
+  virtual void load_weights(std::size_t r, std::span<const float> w) = 0;
+  /**
+   * @brief One optimizer step: grad_accum micro-batches from `data`, forward and backward, then
+   * the update at `lr`. `step` is the number of steps completed before this one.
+   */
+  virtual StepOutcome step(std::int64_t step, double lr, DataLoader& data) = 0;
+  /// Mean cross-entropy of one held-out batch (no gradients, no update).
+  virtual double eval_loss(const Batch& b) = 0;
+
+  /// Once, after log.jsonl is open: records of its own (e.g. the MFU formula).
+  virtual void on_start(MetricsLogger& /*log*/) {}
+  /// After each step's record is logged: extra records and lines (e.g. the CUDA profile).
+  virtual void after_step(std::int64_t /*step*/, MetricsLogger& /*log*/) {}
+  /// An eval or a checkpoint runs between this step and the next (not step time).
+  virtual void before_extra_work() {}
+  /// Wait for asynchronous work (before a checkpoint is read, at the end of the run).
+  virtual void synchronize() {}
+  /**
+   * @brief After step() threw: make the optimizer state that of the last completed step, if it
+   * can be (e.g. undo speculative updates). false: the state cannot be trusted; no checkpoint.
+   */
+  virtual bool recover_after_failed_step() { return true; }
+  /// The run ended: normally (ok) or by an exception.
+  virtual void finish(bool /*ok*/) {}
+};
+
+/// The CPU reference backend (fp32 OpenMP model, CPU AdamW), defined in train.cpp.
+[[nodiscard]] std::unique_ptr<TrainBackend> make_cpu_backend(const TrainSession& s);
+
+/// Run the loop on `s` until cfg.steps (or run.stop_at, or a stop signal), with a checkpoint at
+/// the end. @throws what the backend or the data throws, after a checkpoint where one is safe
+TrainSummary run_training(TrainBackend& backend, TrainSession& s);
+
+}  // namespace ght::trainer
