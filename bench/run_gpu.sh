@@ -99,7 +99,7 @@ if want trace; then
     bash bench/make_bench_data.sh "$ght" || return 1
     GHT_SAVE_CHECKPOINTS=off GHT_OPT_SPECULATE=${TRACE_SPECULATE:-24GiB} nsys profile -t cuda,osrt \
       -o "$out/trace" --force-overwrite true "$ght" train --config configs/bench-h200.toml \
-      --out build-gpu/train-runs/trace --backend cuda -o train.steps=3 -o optimizer.max_grad_norm=0 \
+      --out build-gpu/train-runs/trace --overwrite --backend cuda -o train.steps=3 -o optimizer.max_grad_norm=0 \
       -o model.micro_batch=4 -o model.grad_accum=1 || return 1
     nsys stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv -o "$out/trace_stats" \
       "$out/trace.nsys-rep" >/dev/null 2>&1
@@ -114,7 +114,7 @@ tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace; do
+for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done

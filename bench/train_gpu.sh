@@ -97,6 +97,7 @@ bench() {
   shift
   [[ " ${TRAIN_BENCH_RUNS:-default hbm host budget60 layers14} " == *" $name "* ]] || return 0
   note "bench-h200: $what"
+  rm -rf "$RUNS/bench-$name"  # a fresh run directory (ght train refuses to train into an old run)
   (
     export GHT_SAVE_CHECKPOINTS=off
     for e in "${envs[@]}"; do export "${e?}"; done

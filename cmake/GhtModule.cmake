@@ -51,8 +51,10 @@ function(ght_module)
 endfunction()
 
 # Link `target` against the external dependencies of `mods`, with the usage requirements every
-# module carries (include directories, GHT_HAVE_CUDA, cudart).
+# module carries (include directories, GHT_HAVE_CUDA, cudart). CUDART: CUDA::cudart (default) or
+# CUDA::cudart_static (linked privately).
 function(ght_link_module_deps target mods)
+  cmake_parse_arguments(L "" "CUDART" "" ${ARGN})
   set(ext "")
   foreach(m ${mods})
     get_property(d GLOBAL PROPERTY GHT_MODULE_DEPS_${m})
@@ -64,7 +66,11 @@ function(ght_link_module_deps target mods)
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}> $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/alloc/include>)
   if(GHT_HAVE_CUDA)
     target_compile_definitions(${target} PUBLIC GHT_HAVE_CUDA=1)
-    target_link_libraries(${target} PUBLIC CUDA::cudart)
+    if(L_CUDART STREQUAL "CUDA::cudart_static")
+      target_link_libraries(${target} PRIVATE CUDA::cudart_static)
+    else()
+      target_link_libraries(${target} PUBLIC CUDA::cudart)
+    endif()
   endif()
 endfunction()
 
@@ -91,8 +97,12 @@ function(ght_add_library)
     list(APPEND rest_objs $<TARGET_OBJECTS:ght_${m}_obj>)
   endforeach()
 
+  # The allocator library carries its own copy of the CUDA runtime (as RMM's wheels do): a
+  # libcudart.so.13 of ours, loaded before PyTorch, would stand in for the one PyTorch ships
+  # (measured: a crash in `import torch` after loading it without RTLD_GLOBAL). Pointers,
+  # streams and events are the driver's, so they cross between the two runtimes.
   add_library(ghtier_alloc SHARED ${alloc_objs})
-  ght_link_module_deps(ghtier_alloc "${alloc_mods}")
+  ght_link_module_deps(ghtier_alloc "${alloc_mods}" CUDART CUDA::cudart_static)
   add_library(ghtier SHARED ${rest_objs})
   ght_link_module_deps(ghtier "${rest_mods}")
   target_link_libraries(ghtier PUBLIC ghtier_alloc)
@@ -100,9 +110,10 @@ function(ght_add_library)
   # here instead of a dlopen later; the shared runtime keeps cudart a dependency, not a copy.
   foreach(t ghtier_alloc ghtier)
     target_link_options(${t} PRIVATE -Wl,--no-undefined -Wl,--as-needed)
-    set_target_properties(${t} PROPERTIES VERSION ${PROJECT_VERSION}
-                          SOVERSION ${PROJECT_VERSION_MAJOR} CUDA_RUNTIME_LIBRARY Shared)
+    set_target_properties(${t} PROPERTIES VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
   endforeach()
+  set_target_properties(ghtier_alloc PROPERTIES CUDA_RUNTIME_LIBRARY Static)
+  set_target_properties(ghtier PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 
   add_library(ghtier_static STATIC ${all_objs})
   set_target_properties(ghtier_static PROPERTIES OUTPUT_NAME ghtier)

@@ -263,7 +263,8 @@ bool Plan::operator==(const Plan& o) const {
   return link_eq && p.policy == q.policy && p.place == q.place && p.budgets == q.budgets &&
          p.step_flops == q.step_flops && p.assumed_tflops == q.assumed_tflops &&
          p.stream_staging_bytes == q.stream_staging_bytes &&
-         p.host_state_hbm_bytes == q.host_state_hbm_bytes && regions_ == o.regions_ &&
+         p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
+         p.recompute_scratch_bytes == q.recompute_scratch_bytes && regions_ == o.regions_ &&
          decisions_ == o.decisions_ && prediction_ == o.prediction_ && notes_ == o.notes_;
 }
 
@@ -275,7 +276,7 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
                         const std::vector<Placement>& choice, const PlanOptions& options) {
   Load total = cm.zero(), opt = cm.zero();
   Prediction p;
-  bool streams = false, state_on_host = false;
+  bool streams = false, state_on_host = false, recomputes = false;
   const bool no_gpu = options.link.kind == LinkKind::none;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (!no_gpu) {  // without a GPU nothing crosses a link: the CPU works in place
@@ -286,8 +287,10 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
     p.host_bytes += host_bytes(regions[i], choice[i]);
     streams |= regions[i].cls == TensorClass::grad && choice[i].tier == TierKind::host;
     state_on_host |= is_state(regions[i].cls) && choice[i].tier == TierKind::host;
+    recomputes |= choice[i].tier == TierKind::hbm && choice[i].mode == Mode::recompute;
   }
   if (state_on_host && !no_gpu) p.hbm_bytes += options.host_state_hbm_bytes;
+  if (recomputes && !no_gpu) p.hbm_bytes += options.recompute_scratch_bytes;
   // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
   // bf16 gradient it copies from is the region's hbm_bytes_on_host.
   if (streams && !no_gpu) p.host_bytes += options.stream_staging_bytes;
@@ -392,6 +395,7 @@ struct Totals {
   std::uint64_t hbm = 0, host = 0;
   std::size_t grads_on_host = 0;
   std::size_t state_on_host = 0;  // master/m/v regions on the host
+  std::size_t recomputed = 0;      // activation regions recomputed in backward
 };
 
 struct Best {
@@ -513,11 +517,15 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
     base.host += c.host[c.start];
     if (regions[i].cls == TensorClass::grad && c.opts[c.start].tier == TierKind::host) ++base.grads_on_host;
     if (is_state(regions[i].cls) && c.opts[c.start].tier == TierKind::host) ++base.state_on_host;
+    if (c.opts[c.start].tier == TierKind::hbm && c.opts[c.start].mode == Mode::recompute) ++base.recomputed;
   }
   const Budgets& B = options.budgets;
   const std::uint64_t staging = no_gpu ? 0 : options.stream_staging_bytes;
   const std::uint64_t state_slots = no_gpu ? 0 : options.host_state_hbm_bytes;
-  auto eff_hbm = [&](const Totals& t) { return t.hbm + (t.state_on_host ? state_slots : 0); };
+  const std::uint64_t rc_scratch = no_gpu ? 0 : options.recompute_scratch_bytes;
+  auto eff_hbm = [&](const Totals& t) {
+    return t.hbm + (t.state_on_host ? state_slots : 0) + (t.recomputed ? rc_scratch : 0);
+  };
   auto eff_host = [&](const Totals& t) { return t.host + (t.grads_on_host ? staging : 0); };
 
   // ---- candidate orders and their prefixes
@@ -589,6 +597,12 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
         const bool was = c.opts[m.from].tier == TierKind::host, now = c.opts[m.to].tier == TierKind::host;
         if (was && !now) --t.state_on_host;
         if (!was && now) ++t.state_on_host;
+      }
+      {
+        auto rc = [](const Placement& pl) { return pl.tier == TierKind::hbm && pl.mode == Mode::recompute; };
+        const bool was = rc(c.opts[m.from]), now = rc(c.opts[m.to]);
+        if (was && !now) --t.recomputed;
+        if (!was && now) ++t.recomputed;
       }
     }
   }

@@ -129,6 +129,9 @@ struct PlanOptions {
   /// HBM the optimizer reserves while any master/m/v region lives on the host: the copy
   /// engines' slots of the gpu_link path (the trainer sets it; 0 = none).
   std::uint64_t host_state_hbm_bytes = 0;
+  /// HBM the trainer needs once while any layer's activations are recomputed: the buffers one
+  /// recomputed layer's forward fills, shared by every recomputed layer (0 = none).
+  std::uint64_t recompute_scratch_bytes = 0;
 };
 
 /// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_TFLOPS,

@@ -142,6 +142,7 @@ ActivationSizes activation_sizes(const ModelConfig& c) {
   const std::uint64_t layer_input = 2 * d * N;
   ActivationSizes s;
   s.keep_per_layer = layer_input + saved_per_token * N + 4 * (E + 1);
+  s.recompute_scratch = s.keep_per_layer - layer_input;
   s.checkpoint_per_layer = layer_input;
   const double active_layer = static_cast<double>(c.layer_dense_params()) +
                               static_cast<double>(c.top_k) * static_cast<double>(c.expert_params());
@@ -185,15 +186,17 @@ std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
   return plan_group_of(tensor) + "." + std::string(ght::to_string(cls));
 }
 
-std::uint64_t host_state_hbm_bytes(const ModelConfig& c) {
-  if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return 0;
+void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) {
+  options.recompute_scratch_bytes = activation_sizes(c).recompute_scratch;
+  options.host_state_hbm_bytes = 0;
+  if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return;
   // One optimizer region per parameter tensor (the CUDA trainer's): the largest sizes the slots.
   const auto d = static_cast<std::size_t>(c.d_model);
   const std::size_t largest = d * std::max({static_cast<std::size_t>(c.vocab),           // embedding, LM head
                                             static_cast<std::size_t>(c.heads) * c.head_dim,  // q_proj, o_proj
                                             static_cast<std::size_t>(c.expert_ffn),        // expert projections
                                             static_cast<std::size_t>(c.experts)});         // router
-  return optimizer::dma_slot_bytes(largest);
+  options.host_state_hbm_bytes = optimizer::dma_slot_bytes(largest);
 }
 
 std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {

@@ -45,6 +45,7 @@ struct ActivationSizes {
   std::uint64_t checkpoint_per_layer = 0;  ///< bytes kept when recomputing (the layer input)
   double recompute_flops_per_layer = 0;    ///< extra FLOPs per step when recomputing a layer
   std::uint64_t workspace = 0;             ///< logits, one layer in backward, dispatch buffers
+  std::uint64_t recompute_scratch = 0;     ///< one layer's saved buffers, shared by recomputed layers
 };
 [[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg);
 
@@ -59,10 +60,11 @@ struct ActivationSizes {
 [[nodiscard]] std::string plan_group_of(std::string_view tensor);
 [[nodiscard]] std::string plan_region_of(std::string_view tensor, ght::TensorClass cls);
 
-/// HBM the CUDA trainer's optimizer reserves while any master/m/v region lives on the host
-/// (the dma slots of the gpu_link path, when GHT_OPT_LINK_MODE resolves to dma; else 0): the
-/// value of tier::PlanOptions::host_state_hbm_bytes for this model.
-[[nodiscard]] std::uint64_t host_state_hbm_bytes(const ModelConfig& cfg);
+/// The CUDA trainer's fixed HBM costs that depend on the placement, set in `options`:
+/// host_state_hbm_bytes (the optimizer's dma slots while any master/m/v region is on the host,
+/// when GHT_OPT_LINK_MODE resolves to dma) and recompute_scratch_bytes (one layer's buffers while
+/// any layer is recomputed). `ght plan` and `ght train` both call it, so they plan alike.
+void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg);
 
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);

@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include "alloc/tiered.hpp"
 #include "optimizer/adamw.hpp"
 #include "tier/error.hpp"
 #include "trainer/loop.hpp"
@@ -38,7 +39,9 @@ class CpuBackend final : public TrainBackend {
  public:
   explicit CpuBackend(const TrainSession& s) : cfg_(s.cfg), model_(s.cfg.model) {
     if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
-    opt_ = std::make_unique<optimizer::AdamW>(make_regions(), adam_options());
+    // The run's allocator: the optimizer state is placed and counted there (GHT_HOST_BUDGET,
+    // GHT_ALLOC_LOG). The fp32 reference model keeps its own vectors.
+    opt_ = std::make_unique<optimizer::AdamW>(make_regions(), adam_options(), alloc_);
     const ModelConfig& mc = cfg_.model;
     s.say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
           std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
@@ -126,6 +129,7 @@ class CpuBackend final : public TrainBackend {
 
   const TrainConfig& cfg_;
   MoEModel<float> model_;
+  std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
   std::unique_ptr<optimizer::AdamW> opt_;
   Batch batch_;
 };

@@ -6,7 +6,8 @@
 # that a missing run is an error.
 source "$(dirname "$0")/train_common.sh"
 prep_corpus "$work/data"
-args=(--model tiny -o model.micro_batch=2 -o model.seq_len=32 -o train.eval_every=5 -o train.eval_batches=1
+# CPU runs (no profile, no MFU) on every machine: the GPU-style run below is synthetic.
+args=(--backend cpu --model tiny -o model.micro_batch=2 -o model.seq_len=32 -o train.eval_every=5 -o train.eval_batches=1
       -o train.log_every=5 -o train.threads=1 -o schedule.warmup_steps=2 --data "$work/data" --steps 10)
 "$ght" train "${args[@]}" --out "$work/runs/a" >/dev/null || fail "training run a failed"
 "$ght" train "${args[@]}" -o schedule.lr=1e-3 --out "$work/runs/b" >/dev/null || fail "training run b failed"

@@ -47,8 +47,7 @@ std::string slurp(const fs::path& p) {
 }
 
 fs::path project_root() {
-  // tests/tier/link_test.cpp -> the project root; the build passes absolute source paths.
-  return fs::path(__FILE__).parent_path().parent_path().parent_path();
+  return fs::path(GHT_SOURCE_DIR);  // tests/CMakeLists.txt
 }
 
 /// A valid pcie profile as JSON, to be broken one field at a time.

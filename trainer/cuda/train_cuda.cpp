@@ -53,9 +53,12 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
   tier::PlanOptions options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
-  options.budgets.hbm = a.report(TierKind::hbm).budget;
-  options.budgets.host = a.report(TierKind::host).budget;
-  options.host_state_hbm_bytes = host_state_hbm_bytes(mc);
+  // The allocator's budgets, less a margin for what the plan does not model (allocation
+  // rounding, the norm scratch): 1 MiB + 0.25%.
+  auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
+  options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
+  options.budgets.host = planned(a.report(TierKind::host).budget);
+  add_trainer_reservations(options, mc);
   return tier::make_plan(model_regions(mc), options);
 }
 
