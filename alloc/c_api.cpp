@@ -1,5 +1,7 @@
 // The C ABI (alloc/include/ght/ght.h): one process-wide tiered allocator behind extern "C"
 // functions that never let an exception out.
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -378,3 +380,20 @@ void ght_torch_free(void* ptr, ssize_t size, int device, ght_stream_t stream) {
 }
 
 }  // extern "C"
+
+// Loaded by dlopen without RTLD_GLOBAL (Python's ctypes.CDLL default) before `import torch`,
+// libghtier_alloc.so made that import crash (SIGSEGV, H200 machine, torch 2.11); loaded with
+// RTLD_GLOBAL, or after torch, it did not. The cause is not identified. The library therefore
+// promotes itself to the global scope when it is loaded: the same as RTLD_GLOBAL. In a program
+// linked statically against ghtier (the path is not a shared ghtier library) this does nothing.
+namespace {
+__attribute__((constructor)) void ght_promote_to_global_scope() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ght_promote_to_global_scope), &info) == 0 || info.dli_fname == nullptr) return;
+  const std::string path = info.dli_fname;
+  if (path.find("libghtier") == std::string::npos || path.find(".so") == std::string::npos) return;
+  if (void* self = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL)) {
+    (void)self;  // the reference stays: the library lives as long as the process
+  }
+}
+}  // namespace

@@ -89,7 +89,8 @@ note "random uint32 tokens for bench-h200 (vocab 151936)"
 bash bench/make_bench_data.sh "$GHT" || fail=1
 
 # bench NAME DESCRIPTION [VAR=VALUE ...] -- [ght train args...]: one throughput run, when NAME is in
-# TRAIN_BENCH_RUNS (default: default hbm host budget60 layers14). Results: $RES/train_bench_NAME{.log,_profile.json}.
+# TRAIN_BENCH_RUNS (default: default hbm host budget60 layers14); TRAIN_BENCH_STEPS overrides the
+# number of steps. Results: $RES/train_bench_NAME{.log,_profile.json}.
 bench() {
   local name=$1 what=$2; shift 2
   local envs=()
@@ -102,7 +103,7 @@ bench() {
     export GHT_SAVE_CHECKPOINTS=off
     for e in "${envs[@]}"; do export "${e?}"; done
     run_logged "train_bench_$name" 300 "$GHT" train --config configs/bench-h200.toml --out "$RUNS/bench-$name" \
-      --backend cuda --profile-steps 100 "$@"
+      --backend cuda --profile-steps 100 ${TRAIN_BENCH_STEPS:+-o train.steps=$TRAIN_BENCH_STEPS} "$@"
   ) || fail=1
   cp "$RUNS/bench-$name/profile.json" "$RES/train_bench_${name}_profile.json" 2>/dev/null
 }
