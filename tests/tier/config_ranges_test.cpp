@@ -121,5 +121,19 @@ TEST(ConfigFile, ADirectoryIsNamedAsSuch) {
   EXPECT_CONTAINS(msg, "is a directory");
 }
 
+TEST(ErrorMessages, NoSourceLocationUnlessDebug) {
+  auto& g = cfg();
+  const std::string saved = g.text(Key::GHT_LOG_LEVEL);
+  g.set_flag("GHT_LOG_LEVEL", "info");
+  const std::string plain = error_of<ght::logic_error>([] { GHT_FAIL("bad key 'x'"); });
+  EXPECT_EQ(plain, "bad key 'x'");
+  g.set_flag("GHT_LOG_LEVEL", "debug");
+  EXPECT_TRUE(debug_log_level());
+  const std::string debug = error_of<ght::logic_error>([] { GHT_FAIL("bad key 'x'"); });
+  EXPECT_CONTAINS(debug, "bad key 'x' (");
+  EXPECT_CONTAINS(debug, "config_ranges_test.cpp:");
+  g.set_flag("GHT_LOG_LEVEL", saved);
+}
+
 }  // namespace
 }  // namespace ght::config
