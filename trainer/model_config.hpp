@@ -38,7 +38,8 @@ struct ModelConfig {
   int micro_batch = 8;
   int grad_accum = 1;
 
-  /// Throws ght::logic_error naming the field when the shape is inconsistent.
+  /// Throws ght::logic_error naming the field (and its valid range) when a value is out of range,
+  /// not finite, or the shape is inconsistent.
   void validate() const;
 
   // ---- parameter counts ----
@@ -57,6 +58,17 @@ struct ModelConfig {
     return static_cast<std::int64_t>(seq_len) * micro_batch * grad_accum;
   }
 };
+
+/// The valid range of an integer ModelConfig field, by member name ("d_model").
+struct IntFieldRange {
+  std::string_view field;
+  std::int64_t lo, hi;
+};
+/// Every integer field of ModelConfig with its range; validate() enforces them, and the TOML and
+/// override parsers check values against them before narrowing to int.
+[[nodiscard]] const std::vector<IntFieldRange>& model_int_ranges();
+/// The range of integer field `field`; nullptr when it is not an integer field.
+[[nodiscard]] const IntFieldRange* model_int_range(std::string_view field);
 
 /// Names of the built-in presets.
 [[nodiscard]] const std::vector<std::string>& preset_names();
