@@ -121,7 +121,8 @@ double ModelConfig::flops_per_token() const {
 }
 
 const std::vector<std::string>& preset_names() {
-  static const std::vector<std::string> names = {"tiny", "small", "bench-h200", "seed-21b"};
+  static const std::vector<std::string> names = {"tiny", "small", "bench-h200", "bench-h200-14l",
+                                                 "seed-21b"};
   return names;
 }
 
@@ -138,7 +139,7 @@ ModelConfig preset(std::string_view name) {
     c.d_model = 256; c.layers = 4; c.heads = 8; c.kv_heads = 2; c.head_dim = 32;
     c.experts = 8; c.top_k = 2; c.expert_ffn = 256; c.vocab = 256;
     c.seq_len = 256; c.micro_batch = 16; c.grad_accum = 1;
-  } else if (name == "seed-21b" || name == "bench-h200") {
+  } else if (name == "seed-21b" || name == "bench-h200" || name == "bench-h200-14l") {
     // The seed's per-layer shape. 30 layers x 64 experts gives 21.01B total and 3.32B active
     // (embeddings counted in both), within 2% of the seed's 21.0B / 3.36B.
     c.d_model = 4096; c.heads = 40; c.kv_heads = 8; c.head_dim = 128;
@@ -146,9 +147,13 @@ ModelConfig preset(std::string_view name) {
     c.rope_theta = 1000000.0; c.seq_len = 4096; c.micro_batch = 1;
     if (name == "seed-21b") {
       c.name = "seed-21b"; c.layers = 30; c.experts = 64; c.grad_accum = 8;
+    } else if (name == "bench-h200") {
+      // 10 layers x 48 experts: 5.85B params, the model of configs/bench-h200.toml (the H200
+      // throughput bench; that file says why 10 layers).
+      c.name = "bench-h200"; c.layers = 10; c.experts = 48; c.grad_accum = 4;
     } else {
       // 14 layers x 48 experts: 7.94B params, fp32 master+m+v = 88.7 GiB on the host.
-      c.name = "bench-h200"; c.layers = 14; c.experts = 48; c.grad_accum = 4;
+      c.name = "bench-h200-14l"; c.layers = 14; c.experts = 48; c.grad_accum = 4;
     }
   } else {
     std::string valid;

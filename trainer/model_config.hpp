@@ -4,8 +4,9 @@
  * @brief The MoE model configuration (Qwen3-MoE compatible) and its presets.
  *
  * Presets: tiny (trains on 2 CPU cores in minutes), small (HF parity and GPU learning checks),
- * bench-h200 (the seed's per-layer shape with fewer layers and experts so fp32 master/m/v fit in
- * about 90 GiB of host memory) and seed-21b (30 layers, 64 experts, top-4, tied vocab 151,936:
+ * bench-h200 (the seed's per-layer shape with 10 layers and 48 experts, 5.85B parameters: the model
+ * of configs/bench-h200.toml and bench/train_gpu.sh), bench-h200-14l (the same with 14 layers,
+ * 7.94B, fp32 master/m/v 88.7 GiB on the host) and seed-21b (30 layers, 64 experts, top-4, tied vocab 151,936:
  * 21.0B total / 3.36B active parameters counting embeddings in both, as the seed's author does).
  */
 #include <cstdint>

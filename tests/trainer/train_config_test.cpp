@@ -147,6 +147,18 @@ TEST(ModelConfigToml, RangesAndFiniteness) {
   EXPECT_CONTAINS(mb, "finite");
 }
 
+TEST(Presets, BenchH200IsTheModelOfConfigsBenchH200Toml) {
+  const fs::path toml = project_root() / "configs" / "bench-h200.toml";
+  ASSERT_TRUE(fs::exists(toml)) << toml;
+  const TrainConfig c = resolve_train_config("tiny", toml.string(), {});
+  const ModelConfig p = preset("bench-h200");
+  EXPECT_EQ(c.model.name, "bench-h200");
+  EXPECT_EQ(c.model.layers, p.layers);
+  EXPECT_EQ(c.model.experts, p.experts);
+  EXPECT_EQ(c.model.total_params(), p.total_params());
+  EXPECT_EQ(preset("bench-h200-14l").layers, 14);
+}
+
 TEST(FirstDifference, NamesTheDottedKeyPath) {
   const TrainConfig c = resolve_train_config("tiny", "", {});
   const nlohmann::json a = c.to_json();
