@@ -33,6 +33,9 @@ expect_in "$TMP/err" "unknown command 'trian'"
 must_fail "ght --set GHT_DEVICE=0 plna" -- "$GHT" --set GHT_DEVICE=0 plna
 expect_in "$TMP/err" "did you mean plan?"
 "$GHT" train --help >/dev/null 2>&1 || fail "ght train --help failed"
+"$GHT" --set GHT_DEVICE=0 GHT_SPILL=on config >"$TMP/out" 2>"$TMP/err" || fail "--set with two items before the command: $(cat "$TMP/err")"
+must_fail "--set X=1 then a typo" -- "$GHT" --set GHT_DEVICE=0 confg
+expect_in "$TMP/err" "did you mean config?"
 
 # ---- ght plan reads run configurations ----------------------------------------------------------
 for f in small bench-h200; do

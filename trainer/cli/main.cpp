@@ -59,7 +59,11 @@ std::optional<std::string> unknown_command_error(const CLI::App& app, int argc, 
     const std::string_view arg = argv[i];
     if (arg == "--") return std::nullopt;
     if (arg == "--set") {
-      ++i;  // its NAME=VALUE
+      // Its NAME=VALUE items: --set takes several, and a subcommand name ends the list.
+      while (i + 1 < argc && std::string_view(argv[i + 1]).find('=') != std::string_view::npos &&
+             argv[i + 1][0] != '-') {
+        ++i;
+      }
       continue;
     }
     if (!arg.empty() && arg.front() == '-') continue;
