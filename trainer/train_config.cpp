@@ -4,10 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <set>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <toml.hpp>
 
