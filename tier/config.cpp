@@ -5,6 +5,8 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -114,6 +116,15 @@ std::string describe_type(const OptionSpec& o) {
       if (o.choices.empty()) return std::string(to_string(o.type));
       const auto [lo, hi] = split_range(o.choices);
       return std::string(to_string(o.type)) + " [" + std::string(lo) + ", " + std::string(hi) + "]";
+    }
+    case Type::Size: {
+      std::string d(to_string(o.type));
+      if (!o.choices.empty()) {
+        const auto [lo, hi] = split_range(o.choices);
+        d += " [" + std::string(lo) + ", " + std::string(hi) + "]";
+      }
+      if (o.default_text.empty()) d += " or empty";
+      return d;
     }
     default: return std::string(to_string(o.type));
   }
@@ -272,6 +283,38 @@ SizeValue parse_size(std::string_view name, std::string_view text) {
   return v;
 }
 
+SizeValue parse_size(std::string_view name, std::string_view text, std::string_view range,
+                     bool allow_empty) {
+  std::string accepted(kSizeForms);
+  std::uint64_t lo = 0, hi = std::numeric_limits<std::uint64_t>::max();
+  if (!range.empty()) {
+    const auto [lo_s, hi_s] = split_range(range);
+    // The bounds are sizes themselves ("64KiB:16GiB"); an ill-formed one is a bug in the table.
+    try {
+      lo = parse_size("range", lo_s).bytes;
+      hi = parse_size("range", hi_s).bytes;
+    } catch (const config_error&) {
+      GHT_FAIL("ill-formed size range '" + std::string(range) + "'");
+    }
+    GHT_EXPECTS(lo <= hi, "ill-formed size range '" + std::string(range) + "'");
+    accepted = "a size in [" + std::string(lo_s) + ", " + std::string(hi_s) + "]";
+    if (lo == 0) accepted += " or NN%";
+  }
+  if (trim(text).empty()) {
+    if (allow_empty) return SizeValue{};
+    fail(name, text, "empty value, expected a size", accepted);
+  }
+  const SizeValue v = parse_size(name, text);
+  // A percentage is checked when it is resolved against a capacity (a fraction of 0 < f <= 1).
+  if (!v.fraction && (v.bytes < lo || v.bytes > hi)) {
+    fail(name, text, "out of range (" + format_bytes(v.bytes) + ")", accepted);
+  }
+  if (v.fraction && lo > 0) {
+    fail(name, text, "a percentage is not accepted here", accepted);
+  }
+  return v;
+}
+
 // The bounds of an option's "lo,hi" range text into lo and hi; false (bounds untouched) for an
 // empty range. An ill-formed range is a bug in config_options.inc.
 template <class T>
@@ -373,7 +416,7 @@ namespace {
 void validate(const OptionSpec& o, std::string_view text) {
   switch (o.type) {
     case Type::Bool: (void)parse_bool(o.name, text); break;
-    case Type::Size: (void)parse_size(o.name, text); break;
+    case Type::Size: (void)parse_size(o.name, text, o.choices, o.default_text.empty()); break;
     case Type::Int: (void)parse_int(o.name, text, o.choices); break;
     case Type::Float: (void)parse_float(o.name, text, o.choices); break;
     case Type::Enum: (void)parse_enum(o.name, text, o.choices); break;
@@ -461,6 +504,10 @@ void Registry::load(char** envp) {
 }
 
 void Registry::load_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw config_error("config file " + path + " (GHT_CONFIG): is a directory, expected a TOML file");
+  }
   toml::value data;
   try {
     data = toml::parse(path);
@@ -539,7 +586,7 @@ bool Registry::get_bool(Key k) const {
 SizeValue Registry::get_size(Key k) const {
   const OptionSpec& o = spec(k);
   expect_type(o, {Type::Size});
-  return parse_size(o.name, lookup(values_, k).first);
+  return parse_size(o.name, lookup(values_, k).first, o.choices, o.default_text.empty());
 }
 
 std::int64_t Registry::get_int(Key k) const {
@@ -630,10 +677,26 @@ std::string Registry::format_markdown() const {
   return out;
 }
 
+namespace {
+std::atomic<bool> g_global_loaded{false};
+}  // namespace
+
+bool debug_log_level() noexcept {
+  try {
+    if (g_global_loaded.load(std::memory_order_acquire)) {
+      return Registry::global().get_string(Key::GHT_LOG_LEVEL) == "debug";
+    }
+    const char* env = std::getenv("GHT_LOG_LEVEL");
+    return env != nullptr && iequals(trim(env), "debug");
+  } catch (...) {
+    return false;
+  }
+}
+
 Registry& Registry::global() {
   static Registry registry;
   static std::mutex mu;
-  static std::atomic<bool> loaded{false};
+  std::atomic<bool>& loaded = g_global_loaded;
   if (!loaded.load(std::memory_order_acquire)) {
     const std::lock_guard<std::mutex> lock(mu);
     if (!loaded.load(std::memory_order_relaxed)) {

@@ -12,7 +12,8 @@
  * Accepted forms:
  *   Bool    1/0, true/false, yes/no, on/off (case-insensitive)
  *   Size    bytes with optional suffix K/M/G/T (x1024), KB/MB/GB/TB (x1000), KiB/MiB/GiB/TiB,
- *           decimals allowed ("1.5T"), or "NN%" of a capacity supplied by the caller
+ *           decimals allowed ("1.5T"), or "NN%" of a capacity supplied by the caller; within
+ *           the option's "lo:hi" range; empty only for options whose default is empty ("auto")
  *   Int     decimal integer within the option's "lo:hi" range
  *   Float   decimal number within the option's "lo:hi" range
  *   Enum    one of the '|'-separated choices (case-insensitive)
@@ -46,7 +47,7 @@ struct OptionSpec {
   std::string_view name;
   Type type;
   std::string_view default_text;
-  std::string_view choices;  ///< Enum: "a|b|c"; Int/Float: "lo:hi"; else empty
+  std::string_view choices;  ///< Enum: "a|b|c"; Int/Float/Size: "lo:hi"; else empty
   std::string_view doc;
 };
 
@@ -68,6 +69,11 @@ struct SizeValue {
 // ---- pure parsers (throw config_error naming `name` and `text`) ---------------------------------
 [[nodiscard]] bool parse_bool(std::string_view name, std::string_view text);
 [[nodiscard]] SizeValue parse_size(std::string_view name, std::string_view text);
+/// A size option's value: `range` is "lo:hi" in size syntax (empty: any size); the empty text is
+/// accepted only when `allow_empty` (options whose empty value means "auto"). Percentages are
+/// accepted only where lo is 0 (they resolve against a capacity later).
+[[nodiscard]] SizeValue parse_size(std::string_view name, std::string_view text,
+                                   std::string_view range, bool allow_empty);
 [[nodiscard]] std::int64_t parse_int(std::string_view name, std::string_view text,
                                      std::string_view range = {});
 [[nodiscard]] double parse_float(std::string_view name, std::string_view text,
@@ -114,6 +120,11 @@ class Registry {
   void set(Key k, std::string_view value, Source src);
   std::map<Key, Entry> values_;
 };
+
+/// True when GHT_LOG_LEVEL is debug. Never throws and never loads the registry: before the
+/// process-wide registry is loaded it reads the environment variable directly (so it is safe to
+/// call while the registry itself is being loaded, e.g. from an error path).
+[[nodiscard]] bool debug_log_level() noexcept;
 
 /// Shorthand for Registry::global().
 inline Registry& cfg() { return Registry::global(); }

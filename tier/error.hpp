@@ -4,7 +4,8 @@
  * @brief Typed errors and the two checking macros used across ghtier.
  *
  * The library throws; tools and `main` catch at the top and exit with a clear message.
- *   GHT_EXPECTS(cond, msg)   throws ght::logic_error with file:line when cond is false
+ *   GHT_EXPECTS(cond, msg)   throws ght::logic_error when cond is false (with file:line at
+ *                            GHT_LOG_LEVEL=debug; user-facing messages carry none otherwise)
  *   GHT_FAIL(msg)            throws ght::logic_error unconditionally
  *   GHT_CUDA_TRY(call)       (tier/cuda_check.hpp) throws ght::cuda_error, clearing the sticky error
  */

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,37 +94,28 @@ void check_tokens(const T* tok, std::size_t n, std::int64_t vocab, const std::st
   }
 }
 
-// A whole shard mapped read-only; tokens start after the header.
-class MappedShard {
+// A whole shard read into memory; tokens start after the header. Read with pread rather than
+// mapped: a shard truncated while the run uses it (a re-prep in another shell, a full disk) must
+// give an error naming the file, and a mapping would kill the process with SIGBUS on the first
+// page past the new end.
+class LoadedShard {
  public:
-  MappedShard() = default;
-  explicit MappedShard(const ShardInfo& info) : info_(info) {
+  LoadedShard() = default;
+  explicit LoadedShard(const ShardInfo& info) : info_(info) {
     Fd f(info.path);
-    bytes_ = static_cast<std::size_t>(kShardHeaderBytes) +
-             static_cast<std::size_t>(info.tokens) * token_bytes(info.dtype);
-    void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-    if (p == MAP_FAILED) io_fail(info.path, std::string("mmap failed: ") + std::strerror(errno));
-    base_ = static_cast<const unsigned char*>(p);
-    ::madvise(p, bytes_, MADV_WILLNEED);
-  }
-  ~MappedShard() { reset(); }
-  MappedShard(MappedShard&& o) noexcept { *this = std::move(o); }
-  MappedShard& operator=(MappedShard&& o) noexcept {
-    if (this != &o) {
-      reset();
-      info_ = std::move(o.info_);
-      base_ = std::exchange(o.base_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
+    const std::size_t bytes = static_cast<std::size_t>(kShardHeaderBytes) +
+                              static_cast<std::size_t>(info.tokens) * token_bytes(info.dtype);
+    data_.resize(bytes);
+    const std::size_t got = pread_full(f.fd, data_.data(), bytes, 0, info.path);
+    if (got != bytes) {
+      io_fail(info.path, "shard is shorter than its header says (" + std::to_string(info.tokens) + " " +
+                             std::string(to_string(info.dtype)) + " tokens, " + std::to_string(bytes) +
+                             " bytes with the header; read " + std::to_string(got) +
+                             "): was it truncated or rewritten while in use?");
     }
-    return *this;
-  }
-  void reset() {
-    if (base_ != nullptr) ::munmap(const_cast<unsigned char*>(base_), bytes_);
-    base_ = nullptr;
-    bytes_ = 0;
   }
   [[nodiscard]] std::uint32_t at(std::int64_t i) const {
-    const unsigned char* p = base_ + kShardHeaderBytes;
+    const unsigned char* p = data_.data() + kShardHeaderBytes;
     if (info_.dtype == TokenDtype::u16) {
       std::uint16_t v;
       std::memcpy(&v, p + 2 * i, 2);
@@ -136,9 +126,9 @@ class MappedShard {
     return v;
   }
   void validate(int vocab) const {
-    const unsigned char* p = base_ + kShardHeaderBytes;
+    const unsigned char* p = data_.data() + kShardHeaderBytes;
     const auto n = static_cast<std::size_t>(info_.tokens);
-    // The body starts at byte 1024, so it is aligned for both widths.
+    // The body starts at byte 1024 of a vector's (new-aligned) storage: aligned for both widths.
     if (info_.dtype == TokenDtype::u16) {
       check_tokens(reinterpret_cast<const std::uint16_t*>(p), n, vocab, info_.path);
     } else {
@@ -149,8 +139,7 @@ class MappedShard {
 
  private:
   ShardInfo info_;
-  const unsigned char* base_ = nullptr;
-  std::size_t bytes_ = 0;
+  std::vector<unsigned char> data_;
 };
 
 std::uint64_t splitmix64(std::uint64_t x) {
@@ -270,7 +259,7 @@ std::vector<std::uint32_t> read_shard(const std::string& path, int vocab) {
   const ShardInfo info = read_shard_info(path);
   std::vector<std::uint32_t> out(static_cast<std::size_t>(info.tokens));
   if (info.tokens == 0) return out;
-  MappedShard m(info);
+  LoadedShard m(info);
   m.validate(vocab);
   for (std::int64_t i = 0; i < info.tokens; ++i) out[static_cast<std::size_t>(i)] = m.at(i);
   return out;
@@ -440,7 +429,7 @@ struct DataLoader::Impl {
   std::int64_t perm_epoch = -1, perm_shard_pos = -1;
   std::vector<std::int64_t> window_order;
   std::int64_t mapped_shard = -1;
-  MappedShard mapped;
+  LoadedShard mapped;
 
   void ensure_order() {
     if (order_epoch != epoch) {
@@ -468,7 +457,7 @@ struct DataLoader::Impl {
 
   void ensure_shard(std::int64_t sh) {
     if (mapped_shard == sh) return;
-    mapped = MappedShard();
+    mapped = LoadedShard();
     mapped_shard = -1;
     // Re-read the header: the file may have been replaced since the loader was built.
     const ShardInfo now = read_shard_info(shards[static_cast<std::size_t>(sh)].path);
@@ -477,7 +466,7 @@ struct DataLoader::Impl {
       io_fail(now.path, "shard changed while the loader was using it (header now says " +
                             std::to_string(now.tokens) + " tokens)");
     }
-    MappedShard m(now);
+    LoadedShard m(now);
     m.validate(opt.vocab);
     mapped = std::move(m);
     mapped_shard = sh;

@@ -1,8 +1,12 @@
 #include "trainer/model.hpp"
 #include "trainer/detail/normal_rng.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <new>
 #include <numbers>
 #include <string>
 
@@ -15,6 +19,7 @@
 #include "kernels/cpu/rmsnorm.hpp"
 #include "kernels/cpu/router.hpp"
 #include "kernels/cpu/swiglu_experts.hpp"
+#include "tier/config.hpp"
 #include "tier/error.hpp"
 
 namespace ght::trainer {
@@ -71,6 +76,27 @@ void resize(std::vector<T>& v, std::size_t n) {
 
 }  // namespace
 
+std::uint64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+}
+
+void check_host_fits(const std::string& what, std::uint64_t bytes, std::uint64_t available) {
+  if (available == 0 || bytes <= available) return;
+  throw ght::out_of_memory(what + " need " + std::to_string(bytes) + " bytes (" +
+                           config::format_bytes(bytes) + "), but only " + std::to_string(available) +
+                           " bytes (" + config::format_bytes(available) +
+                           ") of host memory are available; use a smaller model or the cuda backend");
+}
+
 template <class T>
 MoEModel<T>::MoEModel(ModelConfig cfg, ModelOptions opts)
     : cfg_(std::move(cfg)), opts_(opts), ws_(std::make_unique<detail::Workspace<T>>()) {
@@ -119,8 +145,21 @@ MoEModel<T>::MoEModel(ModelConfig cfg, ModelOptions opts)
               "model: parameter layout (" + std::to_string(off) +
                   ") disagrees with ModelConfig::total_params (" +
                   std::to_string(cfg_.total_params()) + ")");
-  params_.assign(off, T(0));
-  grads_.assign(off, T(0));
+  // Parameters and gradients, checked up front: seed-21b on the CPU backend asks for 168 GB, and
+  // a bare std::bad_alloc would not say what did not fit.
+  const std::string what = "CPU model '" + cfg_.name + "' (" + std::to_string(off) +
+                           " parameters): parameters and gradients";
+  const std::uint64_t need = 2ULL * off * sizeof(T);
+  const std::uint64_t available = host_available_bytes();
+  check_host_fits(what, need, available);
+  try {
+    params_.assign(off, T(0));
+    grads_.assign(off, T(0));
+  } catch (const std::bad_alloc&) {
+    throw ght::out_of_memory(what + " need " + std::to_string(need) + " bytes (" +
+                             config::format_bytes(need) + "); allocating them failed with " +
+                             std::to_string(available) + " bytes reported available");
+  }
 }
 
 template <class T>

@@ -70,6 +70,19 @@ struct ModelOptions {
   std::int64_t ce_chunk_rows = 256;  ///< rows per LM-head/cross-entropy chunk
 };
 
+/// Bytes of host memory available for new allocations (MemAvailable of /proc/meminfo, else free
+/// physical pages); 0 when unknown.
+[[nodiscard]] std::uint64_t host_available_bytes();
+
+/**
+ * @brief Refuse an allocation that cannot fit, before std::bad_alloc (or the OOM killer) would.
+ * @param what  what is being allocated, e.g. "CPU model 'seed-21b': parameters and gradients"
+ * @param bytes bytes it needs
+ * @param available bytes available (host_available_bytes()); 0 = unknown, no check
+ * @throws ght::out_of_memory naming `what`, the bytes asked and the bytes available
+ */
+void check_host_fits(const std::string& what, std::uint64_t bytes, std::uint64_t available);
+
 namespace detail {
 template <class T>
 struct Workspace;  // activations kept for the backward (model.cpp)

@@ -4,8 +4,9 @@
  * @brief The MoE model configuration (Qwen3-MoE compatible) and its presets.
  *
  * Presets: tiny (trains on 2 CPU cores in minutes), small (HF parity and GPU learning checks),
- * bench-h200 (the seed's per-layer shape with fewer layers and experts so fp32 master/m/v fit in
- * about 90 GiB of host memory) and seed-21b (30 layers, 64 experts, top-4, tied vocab 151,936:
+ * bench-h200 (the seed's per-layer shape with 10 layers and 48 experts, 5.85B parameters: the model
+ * of configs/bench-h200.toml and bench/train_gpu.sh), bench-h200-14l (the same with 14 layers,
+ * 7.94B, fp32 master/m/v 88.7 GiB on the host) and seed-21b (30 layers, 64 experts, top-4, tied vocab 151,936:
  * 21.0B total / 3.36B active parameters counting embeddings in both, as the seed's author does).
  */
 #include <cstdint>
@@ -38,7 +39,8 @@ struct ModelConfig {
   int micro_batch = 8;
   int grad_accum = 1;
 
-  /// Throws ght::logic_error naming the field when the shape is inconsistent.
+  /// Throws ght::logic_error naming the field (and its valid range) when a value is out of range,
+  /// not finite, or the shape is inconsistent.
   void validate() const;
 
   // ---- parameter counts ----
@@ -57,6 +59,17 @@ struct ModelConfig {
     return static_cast<std::int64_t>(seq_len) * micro_batch * grad_accum;
   }
 };
+
+/// The valid range of an integer ModelConfig field, by member name ("d_model").
+struct IntFieldRange {
+  std::string_view field;
+  std::int64_t lo, hi;
+};
+/// Every integer field of ModelConfig with its range; validate() enforces them, and the TOML and
+/// override parsers check values against them before narrowing to int.
+[[nodiscard]] const std::vector<IntFieldRange>& model_int_ranges();
+/// The range of integer field `field`; nullptr when it is not an integer field.
+[[nodiscard]] const IntFieldRange* model_int_range(std::string_view field);
 
 /// Names of the built-in presets.
 [[nodiscard]] const std::vector<std::string>& preset_names();

@@ -1,6 +1,9 @@
 #include "trainer/model_config_toml.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -22,18 +25,28 @@ struct Field {
 };
 
 template <typename M>
-Field int_field(M ModelConfig::*m) {
-  return {Kind::Int, [m](ModelConfig& c, const toml::value& v) {
+Field int_field(M ModelConfig::*m, std::string_view name) {
+  const IntFieldRange* r = model_int_range(name);
+  return {Kind::Int, [m, r](ModelConfig& c, const toml::value& v) {
             const auto x = v.as_integer();
-            if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) {
-              throw std::out_of_range("integer out of range");
+            // Checked before narrowing: 4294967392 must not wrap to 96. toml11 saturates
+            // literals beyond int64 to its limits, which no range reaches.
+            if (r != nullptr && (x < r->lo || x > r->hi)) {
+              const bool saturated = x == std::numeric_limits<std::int64_t>::max() ||
+                                     x == std::numeric_limits<std::int64_t>::min();
+              throw std::out_of_range((saturated ? std::string("overflows a 64-bit integer")
+                                                 : std::to_string(x) + " is out of range") +
+                                      "; valid range [" + std::to_string(r->lo) + ", " +
+                                      std::to_string(r->hi) + "]");
             }
             c.*m = static_cast<int>(x);
           }};
 }
 Field float_field(double ModelConfig::*m) {
   return {Kind::Float, [m](ModelConfig& c, const toml::value& v) {
-            c.*m = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+            const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+            if (!std::isfinite(x)) throw std::domain_error("must be a finite number");
+            c.*m = x;
           }};
 }
 Field bool_field(bool ModelConfig::*m) {
@@ -43,24 +56,24 @@ Field bool_field(bool ModelConfig::*m) {
 const std::map<std::string, Field>& fields() {
   static const std::map<std::string, Field> f = {
       {"name", {Kind::String, [](ModelConfig& c, const toml::value& v) { c.name = v.as_string().str; }}},
-      {"d_model", int_field(&ModelConfig::d_model)},
-      {"layers", int_field(&ModelConfig::layers)},
-      {"heads", int_field(&ModelConfig::heads)},
-      {"kv_heads", int_field(&ModelConfig::kv_heads)},
-      {"head_dim", int_field(&ModelConfig::head_dim)},
-      {"experts", int_field(&ModelConfig::experts)},
-      {"top_k", int_field(&ModelConfig::top_k)},
-      {"expert_ffn", int_field(&ModelConfig::expert_ffn)},
+      {"d_model", int_field(&ModelConfig::d_model, "d_model")},
+      {"layers", int_field(&ModelConfig::layers, "layers")},
+      {"heads", int_field(&ModelConfig::heads, "heads")},
+      {"kv_heads", int_field(&ModelConfig::kv_heads, "kv_heads")},
+      {"head_dim", int_field(&ModelConfig::head_dim, "head_dim")},
+      {"experts", int_field(&ModelConfig::experts, "experts")},
+      {"top_k", int_field(&ModelConfig::top_k, "top_k")},
+      {"expert_ffn", int_field(&ModelConfig::expert_ffn, "expert_ffn")},
       {"norm_topk_prob", bool_field(&ModelConfig::norm_topk_prob)},
       {"rope_theta", float_field(&ModelConfig::rope_theta)},
-      {"vocab", int_field(&ModelConfig::vocab)},
+      {"vocab", int_field(&ModelConfig::vocab, "vocab")},
       {"tied_embeddings", bool_field(&ModelConfig::tied_embeddings)},
       {"rms_eps", float_field(&ModelConfig::rms_eps)},
       {"aux_loss_coef", float_field(&ModelConfig::aux_loss_coef)},
       {"z_loss_coef", float_field(&ModelConfig::z_loss_coef)},
-      {"seq_len", int_field(&ModelConfig::seq_len)},
-      {"micro_batch", int_field(&ModelConfig::micro_batch)},
-      {"grad_accum", int_field(&ModelConfig::grad_accum)},
+      {"seq_len", int_field(&ModelConfig::seq_len, "seq_len")},
+      {"micro_batch", int_field(&ModelConfig::micro_batch, "micro_batch")},
+      {"grad_accum", int_field(&ModelConfig::grad_accum, "grad_accum")},
   };
   return f;
 }
@@ -89,6 +102,8 @@ bool type_ok(Kind k, const toml::value& v) {
 
 ModelConfig load_model_config(const std::string& path) {
   {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw io_error(path + ": is a directory, expected a TOML file");
     std::ifstream probe(path);
     if (!probe) throw io_error(path + ": cannot open model config for reading");
   }

@@ -1,8 +1,13 @@
 #include "trainer/train_config.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <toml.hpp>
 
@@ -15,27 +20,79 @@ namespace {
 // A flat "section.key" -> setter table keeps TOML, JSON and overrides on one set of names.
 using Setter = std::function<void(TrainConfig&, const toml::value&)>;
 
+const char* expected_kind(bool is_bool, bool is_int, bool is_float) {
+  return is_bool ? "a boolean" : is_int ? "an integer" : is_float ? "a number" : "a string";
+}
+
+// The valid range of every integer key. Values are checked here, before they are narrowed to the
+// member's type, so 4294967392 cannot wrap to 96 and -1 cannot become 2^64-1.
+std::pair<std::int64_t, std::int64_t> int_range(const std::string& key) {
+  if (key.rfind("model.", 0) == 0) {
+    if (const IntFieldRange* r = model_int_range(key.substr(6))) return {r->lo, r->hi};
+  }
+  constexpr std::int64_t kSteps = 1'000'000'000'000;  // 10^12 steps: beyond any run
+  static const std::map<std::string, std::pair<std::int64_t, std::int64_t>> r = {
+      {"train.steps", {1, kSteps}},
+      {"train.eval_every", {0, kSteps}},
+      {"train.eval_batches", {1, 1 << 20}},
+      {"train.ckpt_every", {0, kSteps}},
+      {"train.keep", {1, 1 << 20}},
+      {"train.seed", {0, std::numeric_limits<std::int64_t>::max() - 1}},
+      {"train.log_every", {1, kSteps}},
+      {"train.threads", {0, 4096}},
+      {"schedule.warmup_steps", {0, kSteps}},
+  };
+  const auto it = r.find(key);
+  GHT_EXPECTS(it != r.end(), "train config: no range declared for integer key '" + key + "'");
+  return it->second;
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
 template <class T>
 T as(const toml::value& v, const std::string& key) {
+  constexpr bool is_bool = std::is_same_v<T, bool>;
+  constexpr bool is_int = std::is_integral_v<T> && !is_bool;
+  constexpr bool is_float = std::is_floating_point_v<T>;
+  T out{};
   try {
-    if constexpr (std::is_same_v<T, bool>) {
-      return toml::get<bool>(v);
-    } else if constexpr (std::is_integral_v<T>) {
-      return static_cast<T>(toml::get<std::int64_t>(v));
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (v.is_integer()) return static_cast<T>(toml::get<std::int64_t>(v));
-      return static_cast<T>(toml::get<double>(v));
+    if constexpr (is_bool) {
+      out = toml::get<bool>(v);
+    } else if constexpr (is_int) {
+      const auto x = toml::get<std::int64_t>(v);
+      const auto [lo, hi] = int_range(key);
+      // toml11 saturates an out-of-range literal to the int64 limits; no key's range reaches them.
+      if (x < lo || x > hi) {
+        const bool saturated = x == std::numeric_limits<std::int64_t>::max() ||
+                               x == std::numeric_limits<std::int64_t>::min();
+        throw ght::logic_error("config key '" + key + "': " +
+                               (saturated ? std::string("overflows a 64-bit integer")
+                                          : std::to_string(x) + " is out of range") +
+                               "; valid range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                               "]");
+      }
+      out = static_cast<T>(x);
+    } else if constexpr (is_float) {
+      const double x = v.is_integer() ? static_cast<double>(toml::get<std::int64_t>(v)) : toml::get<double>(v);
+      // inf and nan would train, then be written to config.json as null and break every resume.
+      if (!std::isfinite(x)) {
+        throw ght::logic_error("config key '" + key + "': must be a finite number, got " + number_text(x));
+      }
+      out = static_cast<T>(x);
     } else {
-      return toml::get<std::string>(v);
+      out = toml::get<std::string>(v);
     }
+  } catch (const ght::logic_error&) {
+    throw;
   } catch (const std::exception&) {
-    throw ght::logic_error("config key '" + key + "': expected " +
-                           (std::is_same_v<T, bool>         ? "a boolean"
-                            : std::is_integral_v<T>         ? "an integer"
-                            : std::is_floating_point_v<T>   ? "a number"
-                                                            : "a string") +
+    throw ght::logic_error("config key '" + key + "': expected " + expected_kind(is_bool, is_int, is_float) +
                            ", got " + toml::format(v));
   }
+  return out;
 }
 
 #define GHT_FIELD(section, key, member)                                              \
@@ -97,7 +154,9 @@ const std::map<std::string, Setter>& setters() {
 }
 #undef GHT_FIELD
 
-void apply(TrainConfig& c, const std::string& key, const toml::value& v, const std::string& origin) {
+void apply(TrainConfig& c, const std::string& key, const toml::value& v, const std::string& origin,
+           std::set<std::string>* applied = nullptr) {
+  if (applied != nullptr) applied->insert(key);
   const auto it = setters().find(key);
   if (it == setters().end()) {
     std::string known;
@@ -112,12 +171,13 @@ void apply(TrainConfig& c, const std::string& key, const toml::value& v, const s
 }
 
 // Apply a parsed TOML document: model.preset first, so explicit model fields refine the preset.
-void apply_document(TrainConfig& c, const toml::value& doc, const std::string& origin) {
+void apply_document(TrainConfig& c, const toml::value& doc, const std::string& origin,
+                    std::set<std::string>* applied) {
   GHT_EXPECTS(doc.is_table(), origin + ": expected a TOML table at the top level");
   const auto& top = doc.as_table();
   if (auto m = top.find("model"); m != top.end() && m->second.is_table()) {
     if (auto p = m->second.as_table().find("preset"); p != m->second.as_table().end()) {
-      apply(c, "model.preset", p->second, origin);
+      apply(c, "model.preset", p->second, origin, applied);
     }
   }
   for (const auto& [section, table] : top) {
@@ -127,7 +187,7 @@ void apply_document(TrainConfig& c, const toml::value& doc, const std::string& o
     }
     for (const auto& [key, value] : table.as_table()) {
       if (section == "model" && key == "preset") continue;
-      apply(c, section + "." + key, value, origin);
+      apply(c, section + "." + key, value, origin, applied);
     }
   }
 }
@@ -166,8 +226,30 @@ void TrainConfig::validate() const {
   if (out.empty()) fail("train.out", "must name a run directory");
   if (!(adam.beta1 >= 0 && adam.beta1 < 1)) fail("optimizer.beta1", "must be in [0, 1)");
   if (!(adam.beta2 >= 0 && adam.beta2 < 1)) fail("optimizer.beta2", "must be in [0, 1)");
+  auto finite = [&](const std::string& key, double v) {
+    if (!std::isfinite(v)) fail(key, "must be a finite number, got " + number_text(v));
+  };
+  finite("optimizer.beta1", adam.beta1);
+  finite("optimizer.beta2", adam.beta2);
+  finite("optimizer.eps", adam.eps);
+  finite("optimizer.weight_decay", adam.weight_decay);
+  finite("optimizer.max_grad_norm", adam.max_grad_norm);
+  finite("schedule.lr", schedule.lr);
+  finite("schedule.min_lr", schedule.min_lr);
+  finite("schedule.decay_fraction", schedule.decay_fraction);
   if (!(adam.eps > 0)) fail("optimizer.eps", "must be > 0");
   if (!(adam.weight_decay >= 0)) fail("optimizer.weight_decay", "must be >= 0");
+  if (seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max() - 1)) {
+    fail("train.seed", "must be in [0, " + std::to_string(std::numeric_limits<std::int64_t>::max() - 1) +
+                           "], got " + std::to_string(seed));
+  }
+  if (schedule.warmup_steps > steps) {
+    std::string why = "(";  // += : GCC 12's false -Wrestrict on "(" + std::string at -O3
+    why += std::to_string(schedule.warmup_steps) + ") exceeds train.steps (" + std::to_string(steps) +
+           "); lower it to at most " + std::to_string(steps) + ", e.g. -o schedule.warmup_steps=" +
+           std::to_string(steps / 10);
+    fail("schedule.warmup_steps", why);
+  }
   schedule.validate();
 }
 
@@ -224,27 +306,119 @@ TrainConfig resolve_train_config(const std::string& preset_name, const std::stri
   // Sensible per-preset defaults: the tiny demo learns English bytes on 2 cores in minutes.
   c.schedule.lr = 2e-3;
   c.schedule.min_lr = 2e-4;
-  c.schedule.warmup_steps = 20;
+  c.schedule.warmup_steps = kDefaultWarmupSteps;
   c.adam.weight_decay = 0.1;
+  std::set<std::string> applied;  // keys the file or an override set explicitly
   if (!toml_path.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(toml_path, ec)) {
+      throw ght::io_error("config file " + toml_path + ": is a directory, expected a TOML file");
+    }
     toml::value doc;
     try {
       doc = toml::parse(toml_path);
     } catch (const std::runtime_error& e) {
       throw ght::io_error("cannot read config file " + toml_path + ": " + e.what());
     }
-    apply_document(c, doc, toml_path);
+    apply_document(c, doc, toml_path, &applied);
   }
   for (const auto& item : overrides) {
     const auto eq = item.find('=');
-    GHT_EXPECTS(eq != std::string::npos && eq > 0,
-                "override '" + item + "': expected section.key=value (e.g. train.steps=500)");
+    if (eq == std::string::npos || eq == 0) {
+      throw ght::logic_error("override '" + item + "': expected section.key=value (e.g. train.steps=500)");
+    }
     const std::string key = item.substr(0, eq);
-    apply(c, key, parse_override_value(item.substr(eq + 1), item), "override '" + item + "'");
+    apply(c, key, parse_override_value(item.substr(eq + 1), item), "override '" + item + "'", &applied);
   }
   c.schedule.total_steps = c.steps;
+  // The built-in warmup must not make a quick run (--steps 5) invalid: when nobody set
+  // schedule.warmup_steps, it is clamped to what the run can hold. An explicit value is kept, and
+  // validate() says which -o fixes it.
+  if (!applied.contains("schedule.warmup_steps") && c.steps >= 1) {
+    std::int64_t cap = c.steps;
+    if (c.schedule.kind == ScheduleKind::wsd) {
+      cap -= static_cast<std::int64_t>(std::llround(c.schedule.decay_fraction * static_cast<double>(c.steps)));
+    }
+    c.schedule.warmup_steps = std::clamp<std::int64_t>(c.schedule.warmup_steps, 0, std::max<std::int64_t>(cap, 0));
+  }
   c.validate();
   return c;
+}
+
+namespace {
+void append_key(std::string& path, const std::string& key) {
+  if (!path.empty()) path += '.';
+  path += key;
+}
+
+bool find_difference(const nlohmann::json& a, const nlohmann::json& b, std::string& path) {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [k, va] : a.items()) {
+      std::string sub = path;
+      append_key(sub, k);
+      const auto it = b.find(k);
+      if (it == b.end()) {
+        path = sub;
+        return true;
+      }
+      if (find_difference(va, *it, sub)) {
+        path = sub;
+        return true;
+      }
+    }
+    for (const auto& [k, vb] : b.items()) {
+      if (!a.contains(k)) {
+        append_key(path, k);
+        return true;
+      }
+    }
+    return false;
+  }
+  if (a.is_array() && b.is_array()) {
+    const std::size_t n = std::min(a.size(), b.size());
+    for (std::size_t i = 0; i < n; ++i) {
+      std::string sub = path + "[" + std::to_string(i) + "]";
+      if (find_difference(a[i], b[i], sub)) {
+        path = sub;
+        return true;
+      }
+    }
+    if (a.size() != b.size()) {
+      path += "[" + std::to_string(n) + "]";
+      return true;
+    }
+    return false;
+  }
+  // Numbers compare by value: 1 (integer) and 1.0 (float) are the same setting.
+  if (a.is_number() && b.is_number() && (a.is_number_float() || b.is_number_float())) {
+    return a.get<double>() != b.get<double>();
+  }
+  return a != b;
+}
+}  // namespace
+
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b) {
+  std::string path;
+  if (!find_difference(a, b, path)) return {};
+  return path.empty() ? std::string("(top level)") : path;
+}
+
+std::string describe_difference(const nlohmann::json& saved, const nlohmann::json& requested) {
+  const std::string key = first_difference(saved, requested);
+  if (key.empty()) return {};
+  auto at = [&](const nlohmann::json& j) -> std::string {
+    const nlohmann::json* p = &j;
+    std::string rest = key;
+    while (!rest.empty() && p != nullptr) {
+      const auto dot = rest.find('.');
+      const std::string part = rest.substr(0, dot);
+      rest = dot == std::string::npos ? std::string() : rest.substr(dot + 1);
+      if (!p->is_object() || !p->contains(part)) return "(absent)";
+      p = &(*p)[part];
+    }
+    return p->dump();
+  };
+  return key + ": checkpoint has " + at(saved) + ", this run has " + at(requested);
 }
 
 }  // namespace ght::trainer

@@ -13,6 +13,11 @@
  *   [optimizer]  beta1, beta2, eps, weight_decay, max_grad_norm
  *   [schedule]   kind (cosine|linear|wsd|constant), lr, min_lr, warmup_steps, decay_fraction
  * Overrides use the same names: "model.d_model=128", "train.steps=500", "schedule.lr=1e-3".
+ *
+ * Every integer is range-checked before it is narrowed (model fields: model_int_ranges(); train
+ * counts: [1, 10^12]; train.seed: [0, 2^63-2]) and every number must be finite (inf/nan cannot be
+ * stored in config.json). Errors name the section.key and the valid range. The built-in warmup
+ * (20 steps) is clamped for runs shorter than it; an explicit schedule.warmup_steps is not.
  */
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -24,6 +29,10 @@
 #include "trainer/schedule.hpp"
 
 namespace ght::trainer {
+
+/// The schedule's warmup when neither the file nor an override sets schedule.warmup_steps. A
+/// shorter run clamps it to train.steps (wsd: to the steps before the decay phase).
+inline constexpr std::int64_t kDefaultWarmupSteps = 20;
 
 struct TrainConfig {
   ModelConfig model;
@@ -58,5 +67,19 @@ struct TrainConfig {
  */
 TrainConfig resolve_train_config(const std::string& preset, const std::string& toml_path,
                                  const std::vector<std::string>& overrides);
+
+/**
+ * @brief The dotted key path of the first difference between two configs (e.g. a checkpoint's
+ *        stored config and the one requested for a resume), or "" when they are equal.
+ *
+ * Objects are compared key by key in a's order, then keys only b has; arrays by index
+ * ("a.b[2]"); numbers by value (1 and 1.0 are equal). Example: "train.steps".
+ */
+[[nodiscard]] std::string first_difference(const nlohmann::json& a, const nlohmann::json& b);
+
+/// first_difference() with both values, for a resume error:
+/// "schedule.lr: checkpoint has 0.002, this run has 0.001"; "" when equal.
+[[nodiscard]] std::string describe_difference(const nlohmann::json& saved,
+                                              const nlohmann::json& requested);
 
 }  // namespace ght::trainer

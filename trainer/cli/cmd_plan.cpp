@@ -9,6 +9,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <toml.hpp>
+#include <vector>
 
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -19,11 +21,13 @@
 #include "trainer/model_config.hpp"
 #include "trainer/model_config_toml.hpp"
 #include "trainer/regions.hpp"
+#include "trainer/train_config.hpp"
 
 namespace {
 
 struct PlanArgs {
-  std::string model, profile, hbm, host, policy, place, regions, measurements, from_json, out;
+  std::string model, config, profile, hbm, host, policy, place, regions, measurements, from_json, out;
+  std::vector<std::string> overrides;
   bool json = false;
   bool explain = false;
 };
@@ -41,15 +45,58 @@ void write_text(const std::string& path, const std::string& text) {
   if (!out || !(out << text) || !out.flush()) throw ght::io_error(path + ": cannot write the plan");
 }
 
-ght::trainer::ModelConfig model_config(const std::string& spec) {
+bool is_preset(const std::string& name) {
   for (const auto& n : ght::trainer::preset_names()) {
-    if (n == spec) return ght::trainer::preset(spec);
+    if (n == name) return true;
   }
-  if (std::filesystem::exists(spec)) return ght::trainer::load_model_config(spec);
-  std::string names;
-  for (const auto& n : ght::trainer::preset_names()) names += (names.empty() ? "" : ", ") + n;
-  throw ght::config_error("--model '" + spec + "' is neither a preset (" + names +
-                          ") nor an existing TOML file");
+  return false;
+}
+
+// A run configuration (`ght train --config`) has [train], [optimizer] or [schedule] tables beside
+// [model]; a model file (model_config_toml.hpp) has only model keys.
+bool is_run_config(const std::string& path) {
+  toml::value doc;
+  try {
+    doc = toml::parse(path);
+  } catch (const std::exception&) {
+    return false;  // load_model_config reports the parse error with the file name
+  }
+  if (!doc.is_table()) return false;
+  for (const char* section : {"train", "optimizer", "schedule"}) {
+    if (doc.as_table().contains(section)) return true;
+  }
+  return false;
+}
+
+// --model PRESET|FILE, --config FILE and -o overrides, read the way `ght train` reads them.
+ght::trainer::ModelConfig model_config(const PlanArgs& a) {
+  std::string preset_name;
+  std::string run_config = a.config;
+  if (!a.model.empty()) {
+    if (is_preset(a.model)) {
+      preset_name = a.model;
+    } else if (std::error_code ec; std::filesystem::is_directory(a.model, ec)) {
+      throw ght::io_error("--model " + a.model + ": is a directory, expected a preset or a TOML file");
+    } else if (std::filesystem::exists(a.model)) {
+      if (!run_config.empty()) {
+        throw ght::config_error("--model " + a.model + " is a file; with --config, --model must be a preset");
+      }
+      if (!is_run_config(a.model)) {
+        if (!a.overrides.empty()) {
+          throw ght::config_error("-o applies to presets and run configurations; " + a.model +
+                                  " is a model file: edit its keys instead");
+        }
+        return ght::trainer::load_model_config(a.model);
+      }
+      run_config = a.model;
+    } else {
+      std::string names;
+      for (const auto& n : ght::trainer::preset_names()) names += (names.empty() ? "" : ", ") + n;
+      throw ght::config_error("--model '" + a.model + "' is neither a preset (" + names +
+                              ") nor an existing TOML file");
+    }
+  }
+  return ght::trainer::resolve_train_config(preset_name, run_config, a.overrides).model;
 }
 
 void emit(const ght::tier::Plan& plan, const PlanArgs& a, const std::string& header) {
@@ -67,15 +114,17 @@ void emit(const ght::tier::Plan& plan, const PlanArgs& a, const std::string& hea
 void run(const PlanArgs& a) {
   using ght::cli::set_config_flag;
   if (!a.from_json.empty()) {
-    if (!a.model.empty() || !a.regions.empty()) {
-      throw ght::config_error("--from-json prints a saved plan; it cannot be combined with --model or --regions");
+    if (!a.model.empty() || !a.config.empty() || !a.regions.empty()) {
+      throw ght::config_error(
+          "--from-json prints a saved plan; it cannot be combined with --model, --config or --regions");
     }
     emit(ght::tier::Plan::from_json(read_text(a.from_json), a.from_json), a,
          "saved plan " + a.from_json + "\n");
     return;
   }
-  if (a.model.empty() && a.regions.empty()) {
-    throw ght::config_error("ght plan needs --model PRESET|file.toml or --regions file.json (or --from-json)");
+  if (a.model.empty() && a.config.empty() && a.regions.empty()) {
+    throw ght::config_error(
+        "ght plan needs --model PRESET|file.toml, --config run.toml or --regions file.json (or --from-json)");
   }
   // Flags are config values with source "flag": budgets and errors name them as such.
   if (!a.profile.empty()) set_config_flag("GHT_LINK_PROFILE", a.profile);
@@ -88,8 +137,8 @@ void run(const PlanArgs& a) {
   std::string header;
   std::vector<ght::tier::Region> regions;
   double step_flops = 0;
-  if (!a.model.empty()) {
-    const auto cfg = model_config(a.model);
+  if (!a.model.empty() || !a.config.empty()) {
+    const auto cfg = model_config(a);
     step_flops = ght::trainer::model_step_flops(cfg);
     auto count = [](std::int64_t n) {
       char b[32];
@@ -134,8 +183,16 @@ void setup(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand(
       "plan", "Plan which tensors live in HBM and which on the host, predict the step, explain why");
-  c->add_option("--model", a->model, "Model: a preset (tiny, small, bench-h200, seed-21b) or a TOML file")
+  c->add_option("--model", a->model,
+                "Model: a preset (tiny, small, bench-h200, bench-h200-14l, seed-21b), a model TOML file, "
+                "or a run configuration (the files `ght train --config` reads)")
       ->type_name("PRESET|FILE");
+  c->add_option("--config", a->config,
+                "Run configuration, as for `ght train --config` (its [model] table is planned; --model "
+                "then names the preset it starts from)")
+      ->type_name("FILE");
+  c->add_option("-o,--override", a->overrides, "Override a key as for `ght train`: model.layers=10")
+      ->type_name("KEY=VALUE");
   c->add_option("--profile", a->profile,
                 "Link numbers: gh200 | pcie5 | measured | none | file.json (sets GHT_LINK_PROFILE); "
                 "a built-in profile plans for that machine's nominal memory")

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <random>
 
+#include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "trainer/cli/command.hpp"
 #include "trainer/model_io.hpp"
@@ -13,16 +14,21 @@ namespace {
 namespace tr = ght::trainer;
 
 void setup(CLI::App& app) {
-  struct A { std::string ckpt, prompt = "The "; int tokens = 200; double temperature = 0.8; int top_k = 40; std::uint64_t seed = 1; };
+  // --temperature and --seed are parsed by the config parsers: CLI11's Range lets nan through
+  // and its unsigned conversion is not strict about overflow.
+  struct A { std::string ckpt, prompt = "The "; int tokens = 200; std::string temperature_text = "0.8"; double temperature = 0.8; int top_k = 40; std::string seed_text = "1"; std::uint64_t seed = 1; };
   auto a = std::make_shared<A>();
   auto* c = app.add_subcommand("sample", "Generate text from a checkpoint (byte-level tokenizer)");
   c->add_option("--ckpt", a->ckpt, "Checkpoint or run directory")->required();
   c->add_option("--prompt", a->prompt, "Prompt text")->capture_default_str();
   c->add_option("-n,--tokens", a->tokens, "Tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
-  c->add_option("--temperature", a->temperature, "Sampling temperature (0 = greedy)")->capture_default_str()->check(CLI::Range(0.0, 10.0));
+  c->add_option("--temperature", a->temperature_text, "Sampling temperature in [0, 10] (0 = greedy)")->capture_default_str();
   c->add_option("--top-k", a->top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  c->add_option("--seed", a->seed, "Sampling seed")->capture_default_str();
+  c->add_option("--seed", a->seed_text, "Sampling seed, in [0, 2^63-1]")->capture_default_str();
   c->callback([a] {
+    a->temperature = ght::config::parse_float("--temperature", a->temperature_text, "0:10");
+    a->seed = static_cast<std::uint64_t>(
+        ght::config::parse_int("--seed", a->seed_text, "0:9223372036854775807"));
     tr::MoEModel<float> m = tr::load_model_from_checkpoint(a->ckpt);
     const int V = m.config().vocab, T = m.config().seq_len;
     GHT_EXPECTS(V == tr::ByteTokenizer::kVocab,

@@ -1,8 +1,13 @@
 // ght: the ghtier command-line tool. Subcommands register themselves (see command.hpp).
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -30,6 +35,65 @@ void set_config_flag(const std::string& name, const std::string& value) {
   config::cfg().set_flag(name, value);
 }
 
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+// The first positional argument names the subcommand; anything before it is a global option.
+// Checked before CLI11 parses, so `ght trian --help` is an error rather than the top-level help.
+std::optional<std::string> unknown_command_error(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return std::nullopt;
+    if (arg == "--set") {
+      // Its NAME=VALUE items: --set takes several, and a subcommand name ends the list.
+      while (i + 1 < argc && std::string_view(argv[i + 1]).find('=') != std::string_view::npos &&
+             argv[i + 1][0] != '-') {
+        ++i;
+      }
+      continue;
+    }
+    if (!arg.empty() && arg.front() == '-') continue;
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      if (sub->check_name(std::string(arg))) return std::nullopt;
+      names.push_back(sub->get_name());
+    }
+    std::string best;
+    std::size_t best_d = std::string::npos;
+    for (const auto& n : names) {
+      const std::size_t d = edit_distance(arg, n);
+      if (d < best_d) {
+        best_d = d;
+        best = n;
+      }
+    }
+    std::string msg = "unknown command '" + std::string(arg) + "'";
+    if (!best.empty() && best_d <= std::max<std::size_t>(2, arg.size() / 3)) {
+      msg += "; did you mean " + best + "?";
+    } else {
+      std::string all;
+      for (const auto& n : names) all += (all.empty() ? "" : ", ") + n;
+      msg += "; commands: " + all;
+    }
+    return msg + " (ght --help lists them)";
+  }
+  return std::nullopt;
+}
+
 }  // namespace ght::cli
 
 int main(int argc, char** argv) {
@@ -43,6 +107,10 @@ int main(int argc, char** argv) {
     // Load the environment and GHT_CONFIG first, so a bad GHT_* value fails every command.
     ght::config::cfg();
     ght::cli::setup_all(app);
+    if (const auto err = ght::cli::unknown_command_error(app, argc, argv)) {
+      std::fprintf(stderr, "ght: error: %s\n", err->c_str());
+      return 2;
+    }
     app.parse_complete_callback([&] {
       for (const auto& s : sets) {
         const auto eq = s.find('=');
