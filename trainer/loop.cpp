@@ -81,8 +81,10 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
   const std::string& where = ck.dir;
   // The architecture must match; training knobs may change on resume.
   const TrainConfig saved = TrainConfig::from_json(c.config);
-  GHT_EXPECTS(saved.to_json()["model"] == s.cfg.to_json()["model"],
-              "checkpoint " + where + " was written for a different model config");
+  const nlohmann::json saved_model = {{"model", saved.to_json()["model"]}};
+  const nlohmann::json this_model = {{"model", s.cfg.to_json()["model"]}};
+  GHT_EXPECTS(saved_model == this_model, "checkpoint " + where + " was written for a different model config: " +
+                                             describe_difference(saved_model, this_model));
   const auto& ts = be.tensors();
   optimizer::AdamW& opt = be.optimizer();
   GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +

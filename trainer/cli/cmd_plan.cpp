@@ -137,6 +137,7 @@ void run(const PlanArgs& a) {
   std::string header;
   std::vector<ght::tier::Region> regions;
   double step_flops = 0;
+  std::optional<ght::trainer::ModelConfig> trainer_cfg;
   if (!a.model.empty() || !a.config.empty()) {
     const auto cfg = model_config(a);
     step_flops = ght::trainer::model_step_flops(cfg);
@@ -159,7 +160,10 @@ void run(const PlanArgs& a) {
                   static_cast<long long>(cfg.tokens_per_step()), cfg.seq_len, cfg.micro_batch,
                   cfg.grad_accum);
     header = line;
-    if (a.regions.empty()) regions = ght::trainer::model_regions(cfg);
+    if (a.regions.empty()) {
+      regions = ght::trainer::model_regions(cfg);
+      trainer_cfg = cfg;  // the trainer's fixed HBM costs apply to its own regions
+    }
   }
   if (!a.regions.empty()) {
     auto set = ght::tier::load_regions_file(a.regions);
@@ -171,7 +175,8 @@ void run(const PlanArgs& a) {
   // A built-in profile plans for that machine: its nominal memory, unless budgets are given.
   const auto nominal = ght::tier::nominal_capacities(reg.get_string(ght::config::Key::GHT_LINK_PROFILE));
   const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
-  const auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
+  auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
+  if (trainer_cfg) ght::trainer::add_trainer_reservations(options, *trainer_cfg);  // as `ght train` plans
   std::optional<ght::tier::Measurements> measured;
   if (!a.measurements.empty()) measured = ght::tier::load_measurements_file(a.measurements);
   const ght::tier::Plan plan =
