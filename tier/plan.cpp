@@ -576,8 +576,10 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
         min_host_hbm_ok = std::min(min_host_hbm_ok, o);
         if (o <= B.host) {
           const double step = cm.evaluate(t.load).step_seconds;
-          if (!best.found || step < best.step || (step == best.step && h > best.hbm)) {
-            best = {true, step, h, v, k};
+          // Ties go to the plan with more of the regions' bytes in HBM (not counting the
+          // reservations, which a plan with a region left on the host would win on).
+          if (!best.found || step < best.step || (step == best.step && t.hbm > best.hbm)) {
+            best = {true, step, t.hbm, v, k};
           }
         }
       }

@@ -74,7 +74,8 @@ expect_in "$TMP/err" "train.seed"
 must_fail "steps saturate" -- "$GHT" train -o train.steps=99999999999999999999 --print-config
 expect_in "$TMP/err" "train.steps"
 must_fail "--steps saturates" -- "$GHT" train --steps 99999999999999999999 --print-config
-expect_in "$TMP/err" "train.steps"
+expect_in "$TMP/err" "--steps"
+expect_in "$TMP/err" ">= 1"
 must_fail "loss coefficient" -- "$GHT" train -o model.aux_loss_coef=-1 --print-config
 expect_in "$TMP/err" "aux_loss_coef"
 

@@ -28,7 +28,7 @@ std::string override_error(const std::string& item) {
   return error_of<std::exception>([&] { (void)resolve_train_config("tiny", "", {item}); });
 }
 
-fs::path project_root() { return fs::path(__FILE__).parent_path().parent_path().parent_path(); }
+fs::path project_root() { return fs::path(GHT_SOURCE_DIR); }  // tests/CMakeLists.txt
 
 TEST(TrainConfigNumbers, NonFiniteValuesAreRejectedWithTheKey) {
   for (const std::string key : {"optimizer.max_grad_norm", "optimizer.weight_decay", "optimizer.eps",
