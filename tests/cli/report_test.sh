@@ -159,4 +159,27 @@ if "$ght" report "$work/runs/a" "$work/runs/nope" --out "$work/out/bad.html" 2> 
 fi
 grep -q "nope" "$work/err.log" || { cat "$work/err.log"; fail "the error does not name the missing run"; }
 [ ! -e "$work/out/bad.html" ] || fail "a report was written despite the error"
+# A benchmark run directory that kept only profile.json (no log.jsonl): throughput, MFU, the
+# breakdown and the per-tier bytes of its steps still make a report.
+mkdir -p "$work/runs/bench"
+python3 - "$work/runs/bench" <<'PY'
+import json, sys
+steps = [{"step": s, "wall_ms": 500.0, "forward_ms": 200.0, "backward_ms": 250.0, "opt_exposed_ms": 50.0,
+          "tokens_per_s": 30000 + s, "mfu": 0.2 + 0.01 * s,
+          "memory": {"hbm": {"current": 100 * 2**30, "peak": 101 * 2**30, "classes": {}}}} for s in range(1, 5)]
+json.dump({"formula": "strict MFU", "steps": steps}, open(sys.argv[1] + "/profile.json", "w"))
+PY
+"$ght" report "$work/runs/bench" --out "$work/out/bench.html" > "$work/bench.log" \
+  || { cat "$work/bench.log"; fail "a profile.json-only run directory was refused"; }
+python3 - "$work/out/bench.html" <<'PY' || fail "the profile.json-only report lacks its charts (above)"
+import sys
+t = open(sys.argv[1], encoding="utf-8").read()
+for want in ("tokens/s", "MFU", "hbm"):
+    if want not in t:
+        print(f"missing {want!r}")
+        sys.exit(1)
+if t.count("<polyline") < 3:
+    print("fewer than 3 polylines")
+    sys.exit(1)
+PY
 echo "ght report: ok"

@@ -165,8 +165,13 @@ Run read_run(const std::string& arg) {
     dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   }
   std::ifstream in(p);
-  if (!in) throw ght::io_error(p.string() + ": cannot open (a RUN is a run directory or its log.jsonl)");
-  run.path = p.string();
+  // A run directory with only profile.json (a benchmark that kept the breakdown, not the log)
+  // still gives the throughput, MFU, breakdown and memory charts.
+  const fs::path prof = dir / "profile.json";
+  if (!in && !fs::exists(prof)) {
+    throw ght::io_error(p.string() + ": cannot open (a RUN is a run directory, with log.jsonl or profile.json, or its log.jsonl)");
+  }
+  run.path = in ? p.string() : prof.string();
   run.label = fs::weakly_canonical(dir).filename().string();
   if (run.label.empty()) run.label = dir.string();
 
@@ -191,6 +196,7 @@ Run read_run(const std::string& arg) {
       if (const auto v = number(r, "eval_loss")) run.curves["eval_loss"][*step] = *v;
     } else if (type == "profile" && step) {
       run.profile[*step] = r;
+      read_memory(r, *step, run.memory);
     } else if (type == "memory" && step) {
       read_memory(r, *step, run.memory);
     } else if (type == "config") {
@@ -211,15 +217,25 @@ Run read_run(const std::string& arg) {
       run.mfu_formula = r["formula"].get<std::string>();
     }
   }
-  // profile.json holds the first N steps' breakdowns; log.jsonl's own profile records win.
-  const fs::path prof = dir / "profile.json";
+  // profile.json holds the first N steps' breakdowns; log.jsonl's own profile records win, and
+  // so do its step records' throughput and MFU.
   if (fs::exists(prof)) {
     std::ifstream pin(prof);
     const json pj = json::parse(pin, nullptr, false);
+    const bool log_memory = !run.memory.empty();
     if (!pj.is_discarded() && pj.contains("steps") && pj["steps"].is_array()) {
       for (const json& s : pj["steps"]) {
-        if (const auto st = s.is_object() ? number(s, "step") : std::nullopt) run.profile.emplace(*st, s);
+        const auto st = s.is_object() ? number(s, "step") : std::nullopt;
+        if (!st) continue;
+        run.profile.emplace(*st, s);
+        for (const char* k : {"tokens_per_s", "mfu"}) {
+          if (const auto v = number(s, k)) run.curves[k].emplace(*st, *v);
+        }
+        if (!log_memory) read_memory(s, *st, run.memory);
       }
+    }
+    if (run.mfu_formula.empty() && pj.is_object() && pj.contains("formula") && pj["formula"].is_string()) {
+      run.mfu_formula = pj["formula"].get<std::string>();
     }
   }
   return run;

@@ -123,6 +123,7 @@ struct StepProfile {
   double spec_host_ms = 0;            // host time spent launching those updates
   bool speculation_undone = false;    // ...and recomputed or restored after it
   std::optional<double> prev_opt_update_ms;
+  nlohmann::ordered_json memory;  // memory_json() after the step: bytes per tier and class
   [[nodiscard]] nlohmann::ordered_json json() const {
     nlohmann::ordered_json j = {{"step", step},
                                 {"wall_ms", wall_ms},
@@ -141,6 +142,7 @@ struct StepProfile {
                                 {"spec_host_ms", spec_host_ms},
                                 {"speculation_undone", speculation_undone}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
+    if (!memory.is_null()) j["memory"] = memory;
     return j;
   }
 };
@@ -654,6 +656,7 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
   p.speculated_params = sr.speculated_params;
   p.speculation_undone = sr.speculation_undone;
   p.spec_host_ms = spec_host_ms_;
+  p.memory = memory_json(*alloc_);
   return p;
 }
 
@@ -672,7 +675,6 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
               ratio(host.peak, pr.host_bytes) + "x), " + std::to_string(alloc_->spill_count()) + " spills");
   }
   nlohmann::ordered_json pj = p.json();
-  pj["memory"] = memory_json(*alloc_);
   pj["type"] = "profile";
   log.log_event(pj);
   if (cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {
