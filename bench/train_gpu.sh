@@ -106,6 +106,7 @@ bench() {
       --backend cuda --profile-steps 100 ${TRAIN_BENCH_STEPS:+-o train.steps=$TRAIN_BENCH_STEPS} "$@"
   ) || fail=1
   cp "$RUNS/bench-$name/profile.json" "$RES/train_bench_${name}_profile.json" 2>/dev/null
+  cp "$RUNS/bench-$name/log.jsonl" "$RES/train_bench_${name}_log.jsonl" 2>/dev/null  # for ght report
 }
 bench default "no GHT_* set: the plan decides (everything fits in HBM)" --
 bench hbm "everything in HBM (GHT_OPTIMIZER=device)" GHT_OPTIMIZER=device --
