@@ -4,7 +4,10 @@
 Issue 12: a program that loaded libghtier.so and then imported torch crashed inside torch's
 import (`free(): invalid pointer`): libghtier.so brought the system's cuBLAS, cuDNN, TBB and
 libgomp into the process before PyTorch's own copies. The allocator now lives in
-libghtier_alloc.so, which needs only cudart, libnuma and hwloc. Each case below runs in a fresh
+libghtier_alloc.so, which needs only libnuma and hwloc (the CUDA runtime is linked statically),
+and which promotes itself to the global symbol scope when loaded: a plain ctypes.CDLL load of it
+still crashed `import torch` (SIGSEGV) until it did, for a reason not identified (H200 machine,
+torch 2.11, 2026-12-01). Each case below runs in a fresh
 process, so a crash (a signal) fails that case without stopping the others:
 
   before         ctypes.CDLL(lib) (RTLD_LOCAL), then import torch
@@ -29,6 +32,8 @@ import os
 import signal
 import subprocess
 import sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ght_torch_check import missing_piece  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,30 +102,6 @@ def run_case(mode, lib):
         why = f"exit status {r.returncode}"
     tail = (r.stderr.strip() or r.stdout.strip()).splitlines()[-3:]
     return False, why + ("; " + " | ".join(tail) if tail else "")
-
-
-def missing_piece(lib):
-    """What this machine lacks (None when nothing); checked in a child process."""
-    probe = r"""
-import ctypes, json, sys
-try:
-    import torch
-except Exception as e:
-    print(f"PyTorch cannot be imported ({type(e).__name__}: {e})"); sys.exit(1)
-if not torch.cuda.is_available():
-    print(f"PyTorch {torch.__version__} sees no CUDA device"
-          + ("" if torch.version.cuda else " (a CPU-only build of PyTorch)")); sys.exit(1)
-lib = ctypes.CDLL(sys.argv[1])
-lib.ght_stats_json.restype = ctypes.c_char_p
-s = lib.ght_stats_json()
-if not s or not json.loads(s)["tiers"]["hbm"]["present"]:
-    print(f"{sys.argv[1]} has no hbm tier (built without CUDA?)"); sys.exit(1)
-"""
-    r = subprocess.run([sys.executable, "-c", probe, lib], capture_output=True, text=True)
-    if r.returncode == 0:
-        return None
-    out = (r.stdout.strip() or r.stderr.strip() or f"probe exited with {r.returncode}")
-    return out.splitlines()[-1]
 
 
 def main():

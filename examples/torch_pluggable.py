@@ -26,6 +26,8 @@ import os
 import subprocess
 import sys
 import tempfile
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ght_torch_check import missing_piece  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = {"hbm": 0, "host": 1}
@@ -53,31 +55,6 @@ def reference(args):
     c = (a.cuda() @ b.cuda()).cpu()
     torch.save(c, args.reference)
     return 0
-
-
-def missing_piece(lib):
-    """What this machine lacks to run the example (None when nothing), checked in a child process
-    so that neither torch nor CUDA is initialised here."""
-    probe = r"""
-import ctypes, json, sys
-try:
-    import torch
-except Exception as e:
-    print(f"PyTorch cannot be imported ({type(e).__name__}: {e})"); sys.exit(1)
-if not torch.cuda.is_available():
-    print(f"PyTorch {torch.__version__} sees no CUDA device"
-          + ("" if torch.version.cuda else " (a CPU-only build of PyTorch)")); sys.exit(1)
-lib = ctypes.CDLL(sys.argv[1])
-lib.ght_stats_json.restype = ctypes.c_char_p
-s = lib.ght_stats_json()
-if not s or not json.loads(s)["tiers"]["hbm"]["present"]:
-    print(f"{sys.argv[1]} has no hbm tier (built without CUDA?)"); sys.exit(1)
-"""
-    r = subprocess.run([sys.executable, "-c", probe, lib], capture_output=True, text=True)
-    if r.returncode == 0:
-        return None
-    out = r.stdout.strip() or r.stderr.strip() or f"probe exited with {r.returncode}"
-    return out.splitlines()[-1]
 
 
 def skip(what):

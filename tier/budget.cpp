@@ -1,4 +1,5 @@
 #include "tier/budget.hpp"
+#include "tier/log.hpp"
 
 #include <iostream>
 #include <mutex>
@@ -12,13 +13,13 @@ namespace ght::tier {
 
 namespace {
 
-/// stderr, once per process per distinct message: the plan and the allocator resolve the same
-/// budgets, sometimes more than once (auto re-plans), and one warning is enough.
+/// ght::log::warn (stderr), once per process per distinct message: the plan and the allocator
+/// resolve the same budgets, sometimes more than once (auto re-plans), and one warning is enough.
 void warn_once(const std::string& msg) {
   static std::mutex mu;
   static std::set<std::string> seen;
   const std::lock_guard<std::mutex> lock(mu);
-  if (seen.insert(msg).second) std::cerr << "ghtier: warning: " << msg << '\n';
+  if (seen.insert(msg).second) log::warn(msg);
 }
 
 }  // namespace

@@ -65,20 +65,6 @@ constexpr std::string_view kBoolForms = "1/0, true/false, yes/no, on/off";
 constexpr std::string_view kSizeForms =
     "bytes with optional suffix K/M/G/T, KB/MB/GB/TB, KiB/MiB/GiB/TiB, decimals like 1.5T, or NN%";
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t sub = prev[j - 1] + (to_upper_ascii(a[i - 1]) == to_upper_ascii(b[j - 1]) ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // "; did you mean X?" when X is plausibly a typo of `name`, else a pointer to the full list.
 std::string suggestion(std::string_view name, bool short_form) {
   const std::string_view best = nearest_option(name);
@@ -133,6 +119,20 @@ std::string describe_type(const OptionSpec& o) {
 std::string display(std::string_view text) { return text.empty() ? std::string("\"\"") : std::string(text); }
 
 }  // namespace
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t sub = prev[j - 1] + (to_upper_ascii(a[i - 1]) == to_upper_ascii(b[j - 1]) ? 0 : 1);
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
 
 std::string_view to_string(Type t) noexcept { return kTypeNames[static_cast<int>(t)]; }
 std::string_view to_string(Source s) noexcept { return kSourceNames[static_cast<int>(s)]; }

@@ -80,6 +80,9 @@ struct SizeValue {
                                  std::string_view range = {});
 [[nodiscard]] std::string parse_enum(std::string_view name, std::string_view text,
                                      std::string_view choices);
+/// Levenshtein distance of two names, ASCII letters compared case-insensitively (for "did you
+/// mean" suggestions).
+[[nodiscard]] std::size_t edit_distance(std::string_view a, std::string_view b);
 /// Human-readable byte count, e.g. "95.4 GiB".
 [[nodiscard]] std::string format_bytes(std::uint64_t bytes);
 

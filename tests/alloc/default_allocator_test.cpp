@@ -57,7 +57,7 @@ TEST_F(DefaultAllocator, WarnsWhenTheHostBudgetExceedsTheCapacity) {
   const auto a = make_default_tiered_allocator();
   const std::string err = testing::internal::GetCapturedStderr();
   EXPECT_EQ(a->report(TierKind::host).budget, budget);  // kept as given
-  EXPECT_NE(err.find("ghtier: warning: GHT_HOST_BUDGET=" + std::to_string(budget) + " (env)"),
+  EXPECT_NE(err.find("ght: warning: GHT_HOST_BUDGET=" + std::to_string(budget) + " (env)"),
             std::string::npos)
       << err;
   EXPECT_NE(err.find("more than the host memory capacity"), std::string::npos) << err;

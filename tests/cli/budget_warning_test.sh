@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # --hbm 96G is 96 GiB, more than the gh200 profile's 95.58 GiB of HBM.
 "$GHT" plan --model tiny --profile gh200 --hbm 96G >"$TMP/plan.txt" 2>"$TMP/plan.err" ||
   fail "ght plan --hbm 96G exited non-zero: $(cat "$TMP/plan.err")"
-grep -q '^ghtier: warning: GHT_HBM_BUDGET=96G (flag) is 96.00 GiB (103079215104 bytes), more than the HBM capacity of 95.58 GiB (gh200 nominal)' "$TMP/plan.err" ||
+grep -q '^ght: warning: GHT_HBM_BUDGET=96G (flag) is 96.00 GiB (103079215104 bytes), more than the HBM capacity of 95.58 GiB (gh200 nominal)' "$TMP/plan.err" ||
   fail "no capacity warning for --hbm 96G: $(cat "$TMP/plan.err")"
 [ "$(grep -c 'warning' "$TMP/plan.err")" = 1 ] || fail "the warning is not printed exactly once"
 grep -q '^budgets: HBM 96.00 GiB' "$TMP/plan.txt" || fail "the budget is not kept as given"
@@ -27,7 +27,7 @@ grep -q '^budgets: HBM 96.00 GiB' "$TMP/plan.txt" || fail "the budget is not kep
 
 # ght info: the host row's budget, its warning in the text and in the JSON.
 GHT_HOST_BUDGET=1000T "$GHT" info >"$TMP/info.txt" 2>"$TMP/info.err" || fail "ght info exited non-zero"
-grep -q '^ghtier: warning: GHT_HOST_BUDGET=1000T (env) is 1000.00 TiB' "$TMP/info.err" ||
+grep -q '^ght: warning: GHT_HOST_BUDGET=1000T (env) is 1000.00 TiB' "$TMP/info.err" ||
   fail "no warning on stderr from ght info"
 grep -q '^  warning: GHT_HOST_BUDGET=1000T (env)' "$TMP/info.txt" || fail "no warning under the host row"
 GHT_HOST_BUDGET=1000T "$GHT" info --json 2>/dev/null | python3 -c '

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "common/registry.hpp"
 #include "tier/budget.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -14,14 +15,7 @@ namespace {
 
 constexpr std::uint64_t GiB = 1ULL << 30;
 
-config::Registry registry_with(std::vector<std::string> env) {
-  std::vector<char*> ptrs;
-  for (auto& s : env) ptrs.push_back(s.data());
-  ptrs.push_back(nullptr);
-  config::Registry reg;
-  reg.load(ptrs.data());
-  return reg;
-}
+using ght::test::registry_with;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -93,7 +87,7 @@ TEST(Budget, WarnsWhenABudgetExceedsTheCapacity) {
                            "K/M/G/T are powers of 1024, KB/MB/GB/TB of 1000"}) {
     EXPECT_TRUE(contains(b.warning, part)) << part << " not in: " << b.warning;
   }
-  EXPECT_EQ(err, "ghtier: warning: " + b.warning + "\n");
+  EXPECT_EQ(err, "ght: warning: " + b.warning + "\n");
 
   // Once per process: resolving the same budget again (plan, allocator, re-plan) stays quiet.
   testing::internal::CaptureStderr();

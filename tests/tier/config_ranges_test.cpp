@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/registry.hpp"
 #include "common/expect.hpp"
 #include "common/temp_dir.hpp"
 #include "tier/config.hpp"
@@ -20,18 +21,7 @@ namespace {
 
 using ght::test::error_of;
 
-class Env {
- public:
-  Env(std::initializer_list<std::string> vars) : vars_(vars) {
-    for (auto& v : vars_) ptrs_.push_back(v.data());
-    ptrs_.push_back(nullptr);
-  }
-  char** get() { return ptrs_.data(); }
-
- private:
-  std::vector<std::string> vars_;
-  std::vector<char*> ptrs_;
-};
+using ght::test::Env;
 
 std::string load_error(std::initializer_list<std::string> vars) {
   Env env(vars);

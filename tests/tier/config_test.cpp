@@ -1,4 +1,5 @@
 // Tests for the GHT_* configuration registry (tier/config.*).
+#include "common/registry.hpp"
 #include "tier/config.hpp"
 
 #include <gtest/gtest.h>
@@ -46,19 +47,7 @@ std::string wrap(std::string_view pre, std::string_view s, std::string_view post
   return r;
 }
 
-// A synthetic environment for Registry::load(): strings kept alive, plus the null terminator.
-class Env {
- public:
-  Env(std::initializer_list<std::string> vars) : vars_(vars) {
-    for (auto& v : vars_) ptrs_.push_back(v.data());
-    ptrs_.push_back(nullptr);
-  }
-  char** get() { return ptrs_.data(); }
-
- private:
-  std::vector<std::string> vars_;
-  std::vector<char*> ptrs_;
-};
+using ght::test::Env;
 
 // A TOML file in the temp directory, removed at scope exit.
 class TempToml {

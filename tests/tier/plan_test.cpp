@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "common/registry.hpp"
 #include "tier/config.hpp"
 #include "tier/link_fixtures.hpp"
 #include "tier/cost_model.hpp"
@@ -736,14 +737,7 @@ TEST(PlanJson, ErrorsNameTheFileAndTheKey) {
 
 // ---- budgets from the registry ----------------------------------------------------------------
 
-config::Registry registry_with(std::vector<std::string> env) {
-  std::vector<char*> ptrs;
-  for (auto& s : env) ptrs.push_back(s.data());
-  ptrs.push_back(nullptr);
-  config::Registry reg;
-  reg.load(ptrs.data());
-  return reg;
-}
+using ght::test::registry_with;
 
 TEST(PlanBudgets, FromTheRegistry) {
   const Capacities caps{"test machine", 100 * GiB, 90 * GiB, 400 * GiB, 300 * GiB};

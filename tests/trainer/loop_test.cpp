@@ -25,6 +25,7 @@
 #include "trainer/data.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/train.hpp"
+#include "trainer/train_run_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace ght::trainer;
@@ -33,18 +34,7 @@ using ght::test::error_of;
 namespace {
 
 void write_corpus(const std::string& dir, std::uint32_t bad_val_token = 0) {
-  fs::create_directories(dir);
-  std::mt19937 gen(5);
-  std::geometric_distribution<int> tok(0.05);
-  auto make = [&](std::size_t n) {
-    std::vector<std::uint32_t> v(n);
-    for (auto& x : v) x = static_cast<std::uint32_t>(std::min(tok(gen), 255));
-    return v;
-  };
-  write_shard(dir + "/train_000000.bin", make(40000), TokenDtype::u16);
-  auto val = make(4000);
-  if (bad_val_token != 0) val[1234] = bad_val_token;
-  write_shard(dir + "/val_000000.bin", val, TokenDtype::u16);
+  ght::trainer::test::write_random_corpus(dir, 40000, 4000, bad_val_token);
 }
 
 TrainConfig small_config(const std::string& data, const std::string& out) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "common/registry.hpp"
 #include "tier/config.hpp"
 #include "tier/link.hpp"
 #include "tier/plan.hpp"
@@ -105,14 +106,7 @@ TEST(ModelRegions, Seed21bShape) {
 
 // ---- scenarios --------------------------------------------------------------------------------
 
-config::Registry registry_with(std::vector<std::string> env) {
-  std::vector<char*> ptrs;
-  for (auto& s : env) ptrs.push_back(s.data());
-  ptrs.push_back(nullptr);
-  config::Registry reg;
-  reg.load(ptrs.data());
-  return reg;
-}
+using ght::test::registry_with;
 
 // What `ght plan --model NAME --profile PROFILE [--hbm X]` plans, through the same calls.
 Plan plan_for(const std::string& model, const std::string& profile, std::vector<std::string> env) {

@@ -67,18 +67,22 @@ inline TrainConfig small_run_config(const std::string& data, const std::string& 
   return c;
 }
 
-inline void write_random_corpus(const std::string& dir) {
+/// One train and one val shard of byte tokens with a skewed distribution, so that a few steps
+/// visibly lower the loss. A non-zero `bad_val_token` is planted in the val shard.
+inline void write_random_corpus(const std::string& dir, std::size_t train_tokens = 200000,
+                                std::size_t val_tokens = 20000, std::uint32_t bad_val_token = 0) {
   std::filesystem::create_directories(dir);
   std::mt19937 gen(5);
-  // A skewed distribution, so that a few steps visibly lower the loss.
   std::geometric_distribution<int> tok(0.05);
   auto make = [&](std::size_t n) {
     std::vector<std::uint32_t> v(n);
     for (auto& x : v) x = static_cast<std::uint32_t>(std::min(tok(gen), 255));
     return v;
   };
-  write_shard(dir + "/train_000000.bin", make(200000), TokenDtype::u16);
-  write_shard(dir + "/val_000000.bin", make(20000), TokenDtype::u16);
+  write_shard(dir + "/train_000000.bin", make(train_tokens), TokenDtype::u16);
+  auto val = make(val_tokens);
+  if (bad_val_token != 0) val[val.size() / 2] = bad_val_token;
+  write_shard(dir + "/val_000000.bin", val, TokenDtype::u16);
 }
 
 }  // namespace ght::trainer::test

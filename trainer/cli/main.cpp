@@ -35,22 +35,6 @@ void set_config_flag(const std::string& name, const std::string& value) {
   config::cfg().set_flag(name, value);
 }
 
-namespace {
-
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-}  // namespace
 
 // The first positional argument names the subcommand; anything before it is a global option.
 // Checked before CLI11 parses, so `ght trian --help` is an error rather than the top-level help.
@@ -75,7 +59,7 @@ std::optional<std::string> unknown_command_error(const CLI::App& app, int argc, 
     std::string best;
     std::size_t best_d = std::string::npos;
     for (const auto& n : names) {
-      const std::size_t d = edit_distance(arg, n);
+      const std::size_t d = config::edit_distance(arg, n);
       if (d < best_d) {
         best_d = d;
         best = n;

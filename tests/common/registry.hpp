@@ -1,0 +1,39 @@
+#pragma once
+/**
+ * @file registry.hpp
+ * @brief Configuration registries for tests: a synthetic environment for Registry::load(), and a
+ * registry loaded from one.
+ */
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "tier/config.hpp"
+
+namespace ght::test {
+
+/// A synthetic environment (NAME=VALUE strings kept alive, plus the null terminator).
+class Env {
+ public:
+  Env(std::initializer_list<std::string> vars) : vars_(vars) { point(); }
+  explicit Env(std::vector<std::string> vars) : vars_(std::move(vars)) { point(); }
+  char** get() { return ptrs_.data(); }
+
+ private:
+  void point() {
+    for (auto& v : vars_) ptrs_.push_back(v.data());
+    ptrs_.push_back(nullptr);
+  }
+  std::vector<std::string> vars_;
+  std::vector<char*> ptrs_;
+};
+
+/// A registry loaded from exactly these variables (the process environment is not read).
+inline config::Registry registry_with(std::vector<std::string> env) {
+  Env e(std::move(env));
+  config::Registry reg;
+  reg.load(e.get());
+  return reg;
+}
+
+}  // namespace ght::test
