@@ -63,3 +63,11 @@ GHT_LOG_LEVEL=warn "$ght" train "${args[@]}" --out "$work/lv" --steps 4 --resume
 if grep -q "^model tiny\|resumed from" "$work/warn.log"; then cat "$work/warn.log"; fail "info lines printed at GHT_LOG_LEVEL=warn"; fi
 grep -q "^done: steps 2 -> 4" "$work/warn.log" || { cat "$work/warn.log"; fail "the run did not finish"; }
 echo "GHT_LOG_LEVEL=warn hides info lines"
+
+# Resuming with another model names the field that differs and both values.
+if "$ght" train "${args[@]}" --out "$work/lv" --steps 6 --resume auto -o model.d_model=64 >/dev/null 2>"$work/mm.err"; then
+  fail "resumed a checkpoint of another model"
+fi
+grep -q "model.d_model: checkpoint has 96, this run has 64" "$work/mm.err" ||
+  { cat "$work/mm.err"; fail "the resume error does not name model.d_model and both values"; }
+echo "a model mismatch on resume names the field"
