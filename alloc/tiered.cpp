@@ -427,8 +427,10 @@ std::string tiered_allocator::oom_message(std::size_t bytes, const AllocRequest&
     if (!hint.empty()) hint += "; or ";
     const bool budget_bound = r.budget != UINT64_MAX && r.usage.current + bytes > r.budget;
     if (budget_bound) {
+      // By at least what this request lacks; a run that allocates more after it needs more.
       hint += "raise " + std::string(kBudgetVar[static_cast<std::size_t>(t)]) + " (now " +
-              budget_text(r.budget) + ")";
+              budget_text(r.budget) + ") by at least " +
+              config::format_bytes(r.usage.current + bytes - r.budget);
     } else {
       hint += "free " + std::string(to_string(tk)) +
               " memory: the tier itself is full below its budget (" +

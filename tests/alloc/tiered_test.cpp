@@ -153,7 +153,7 @@ TEST(Tiered, NoSpillWhenOffOrRefused) {
     EXPECT_NE(msg.find("hbm: 1.00 MiB in use of a 1.00 MiB budget"), std::string::npos) << msg;
     EXPECT_NE(msg.find("largest free block ~0 B"), std::string::npos) << msg;
     EXPECT_NE(msg.find("host: 0 B in use of a 64.00 MiB budget"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("raise GHT_HBM_BUDGET (now 1.00 MiB)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("raise GHT_HBM_BUDGET (now 1.00 MiB) by at least 4.00 KiB"), std::string::npos) << msg;
     EXPECT_NE(msg.find("GHT_SPILL=on"), std::string::npos) << msg;
   }
   EXPECT_EQ(t->spill_count(), 0u);
