@@ -47,16 +47,19 @@ std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
   std::string kind = c.get_string(Key::GHT_HOST_MEMORY);
   if (kind == "auto") kind = topo.link == LinkKind::pcie ? "pinned" : "system";
   auto& host = tiers[static_cast<std::size_t>(TierKind::host)];
+  detail::HostCacheOptions cache;
+  cache.max_bytes = c.get_size(Key::GHT_HOST_CACHE).resolve(caps.host_total, "GHT_HOST_CACHE");
   if (kind == "pinned") {
     PinnedHostOptions o;
     o.numa_node = node;
     o.device = std::max(device, 0);
+    o.cache = cache;
     host.resource = std::make_unique<pinned_host>(o);
   } else if (kind == "managed") {
     GHT_EXPECTS(device >= 0, "GHT_HOST_MEMORY=managed needs a CUDA device, and there is none");
     host.resource = std::make_unique<managed>(ManagedOptions{device, TierKind::host, node});
   } else {
-    host.resource = std::make_unique<system_host>(node);
+    host.resource = std::make_unique<system_host>(node, /*huge_pages=*/true, cache);
   }
   host.budget = tier::resolve_budget(TierKind::host, caps, c).bytes;
 

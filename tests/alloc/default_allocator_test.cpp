@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "alloc/pinned_host.hpp"
+#include "alloc/system_host.hpp"
 #include "alloc/tiered.hpp"
 #include "tier/budget.hpp"
 #include "tier/config.hpp"
@@ -21,6 +23,7 @@ class DefaultAllocator : public ::testing::Test {
   void SetUp() override {
     unsetenv("GHT_HOST_BUDGET");
     unsetenv("GHT_HOST_HEADROOM");
+    unsetenv("GHT_HOST_CACHE");
     config::cfg().load();
   }
   void TearDown() override { SetUp(); }
@@ -29,6 +32,26 @@ class DefaultAllocator : public ::testing::Test {
     config::cfg().load();
   }
 };
+
+// GHT_HOST_CACHE bounds the host resource's cache of freed large blocks (0 = off).
+TEST_F(DefaultAllocator, HostCacheFollowsGhtHostCache) {
+  for (const char* setting : {"64MiB", "0"}) {
+    set("GHT_HOST_CACHE", setting);
+    const auto a = make_default_tiered_allocator();
+    void* p = a->allocate(8 * MiB, AllocRequest{TensorClass::other, "", TierKind::host, false});
+    a->deallocate(p);
+    memory_resource* host = a->tier_resource(TierKind::host);
+    detail::HostCacheStats st;
+    if (const auto* sh = dynamic_cast<const system_host*>(host)) {
+      st = sh->cache_stats();
+    } else if (const auto* ph = dynamic_cast<const pinned_host*>(host)) {
+      st = ph->cache_stats();
+    } else {
+      GTEST_SKIP() << "host tier is " << host->name() << ", which has no block cache";
+    }
+    EXPECT_EQ(st.cached_bytes > 0, std::string(setting) != "0") << setting;
+  }
+}
 
 TEST_F(DefaultAllocator, HostBudgetFromTheEnvironment) {
   set("GHT_HOST_BUDGET", "48MiB");
