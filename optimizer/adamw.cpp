@@ -210,11 +210,11 @@ struct AdamW::Impl {
     dma_slots = nullptr;
     spec_mem.reset();
     spec_arena = nullptr;
+    sumsq.reset();  // its partials are freed on `norm`: before the stream goes
     for (CUstream_st* s : {link, down, up, norm}) {
       if (s != nullptr) (void)cudaStreamDestroy(s);
     }
     link = down = up = norm = nullptr;
-    sumsq.reset();
 #endif
     for (int i = 0; i < 2; ++i) {
       staging_mem[i].reset();
@@ -714,6 +714,11 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     I.configure(rs);
   }
   I.reserve_speculation();
+#ifdef GHT_HAVE_CUDA
+  // HBM blocks above (dma slots, the undo arena) were allocated on the legacy stream and are
+  // used on the optimizer's own streams: wait for the allocations once, here.
+  if (I.gpu) GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));
+#endif
 }
 
 AdamW::~AdamW() = default;
@@ -841,7 +846,7 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
     if (any_dev) {
       // Only this step's gradients are read: wait for the producer, not for updates on `link`.
       GHT_CUDA_TRY(cudaStreamWaitEvent(I.norm, I.produced, 0));
-      if (!I.sumsq) I.sumsq = std::make_unique<DeviceSumsq>(*I.alloc);  // first step with device gradients
+      if (!I.sumsq) I.sumsq = std::make_unique<DeviceSumsq>(*I.alloc, I.norm);  // first step with device gradients
       I.sumsq->reset(I.norm);
       for (const Impl::RegionState& rs : I.regions) {
         if (rs.grad_on_device) I.sumsq->add(rs.desc.grad, rs.desc.grad_type, rs.desc.n, I.norm);

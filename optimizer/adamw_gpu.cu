@@ -230,10 +230,10 @@ void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
   }
 }
 
-DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a) {
+DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream) {
   blocks_ = sm_count() * kSumsqBlocksPerSm;
   partials_mem_ = alloc::unique_block(a, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
-                                      {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false});
+                                      {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false}, stream);
   result_mem_ = alloc::unique_block(a, sizeof(double),
                                     {TensorClass::other, "optimizer.norm_result", TierKind::host, false});
   partials_ = partials_mem_.as<double>();

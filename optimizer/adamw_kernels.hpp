@@ -111,8 +111,9 @@ void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream);
  */
 class DeviceSumsq {
  public:
-  /// Scratch: the partials in HBM and the result in host memory, both from `a`.
-  explicit DeviceSumsq(alloc::tiered_allocator& a);
+  /// Scratch: the partials in HBM (allocated in `stream`'s order: use it on that stream) and
+  /// the result in host memory, both from `a`.
+  DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream);
   ~DeviceSumsq();
   DeviceSumsq(const DeviceSumsq&) = delete;
   DeviceSumsq& operator=(const DeviceSumsq&) = delete;

@@ -252,7 +252,7 @@ TEST(OptimizerGpu, DeviceSumOfSquaresIsDeterministicAndAccurate) {
   void* dg = dev.alloc(n * 4);
   dev.upload(dg, g.data(), n * 4);
   const auto a = alloc::make_default_tiered_allocator();
-  DeviceSumsq s(*a);
+  DeviceSumsq s(*a, nullptr);
   double r[2];
   for (double& out : r) {
     s.reset(nullptr);
