@@ -39,7 +39,10 @@ CPU debugging (fp32, no autocast, tiny shapes only):
   ght train --model tiny --print-config > tiny.json
   python3 bench/trainer/torch_peer.py --config-json tiny.json --device cpu --modes eager \
       --warmup 1 --steps 30 --same-batch --lr 3e-3
-Its "loss_first" / "loss_last" show that forward, backward and the optimizer work.
+Its "loss_first" / "loss_last" show that forward, backward and the optimizer work. The same math as
+ght's, checked on the CPU against ght's fp32 reference logits:
+  ght export --hf DIR --init tiny --seed 7
+  python3 bench/trainer/torch_peer.py --config-json tiny.json --parity-hf DIR --ght build/bin/ght
 """
 import argparse
 import gc
@@ -200,7 +203,7 @@ def build(torch, cfg, device, notes):
             self.register_buffer("cos", emb.cos().float(), persistent=False)  # (T, D)
             self.register_buffer("sin", emb.sin().float(), persistent=False)
 
-        def forward(self, tokens, targets):  # (B, T) int64 each
+        def logits(self, tokens):  # (B, T) int64 -> (B, T, V) logits, summed router aux and z
             T = tokens.shape[1]
             cos, sin = self.cos[:T], self.sin[:T]
             h = F.embedding(tokens, self.embed)
@@ -209,7 +212,10 @@ def build(torch, cfg, device, notes):
                 h, a, zz = layer(h, cos, sin)
                 aux, z = aux + a, z + zz
             x = rms(h, self.norm)
-            logits = F.linear(x, self.embed if self.head is None else self.head)  # (B, T, V)
+            return F.linear(x, self.embed if self.head is None else self.head), aux, z
+
+        def forward(self, tokens, targets):  # (B, T) int64 each
+            logits, aux, z = self.logits(tokens)
             ce = F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
             return ce + m["aux_loss_coef"] * aux + m["z_loss_coef"] * z, ce
 
@@ -362,6 +368,73 @@ def run_mode(torch, cfg, mode, args, device, notes):
     return rec
 
 
+def load_hf(torch, model, hf_dir, m):
+    """Weights of a Hugging Face Qwen3-MoE directory (`ght export --hf`) into the peer, by name."""
+    import glob
+    import struct
+    dt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    tensors = {}
+    for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        raw = open(path, "rb").read()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header = json.loads(raw[8:8 + n])
+        for name, h in header.items():
+            if name == "__metadata__":
+                continue
+            a, b = h["data_offsets"]
+            t = torch.frombuffer(bytearray(raw[8 + n + a:8 + n + b]), dtype=dt[h["dtype"]])
+            tensors[name] = t.reshape(h["shape"]).float()
+    F_ = m["expert_ffn"]
+    with torch.no_grad():
+        def put(dst, name):
+            dst.copy_(tensors.pop(name))
+        put(model.embed, "model.embed_tokens.weight")
+        for i, lay in enumerate(model.layers):
+            p = f"model.layers.{i}."
+            for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj"),
+                                 ("q_norm", "q_norm"), ("k_norm", "k_norm")):
+                put(getattr(lay, ours), p + f"self_attn.{theirs}.weight")
+            put(lay.ln1, p + "input_layernorm.weight")
+            put(lay.ln2, p + "post_attention_layernorm.weight")
+            put(lay.router, p + "mlp.gate.weight")
+            for e in range(m["experts"]):
+                q = p + f"mlp.experts.{e}."
+                put(lay.w_gate_up[e, :F_], q + "gate_proj.weight")
+                put(lay.w_gate_up[e, F_:], q + "up_proj.weight")
+                put(lay.w_down[e], q + "down_proj.weight")
+        put(model.norm, "model.norm.weight")
+        if model.head is not None:
+            put(model.head, "lm_head.weight")
+    tensors.pop("lm_head.weight", None)  # a tied export may still write it
+    if tensors:
+        raise RuntimeError(f"{hf_dir}: tensors the peer has no place for: {sorted(tensors)[:5]}")
+
+
+def parity(torch, cfg, args):
+    """The peer's fp32 CPU logits against ght's (`ght logits`) on one exported model: the same
+    math, tensor for tensor. Exit status 0 when max|peer - ght| / max|ght| <= --tol."""
+    import subprocess
+    m = cfg["model"]
+    model, _ = build(torch, cfg, torch.device("cpu"), [])
+    load_hf(torch, model, args.parity_hf, m)
+    B, T = 2, min(64, m["seq_len"])
+    g = torch.Generator().manual_seed(args.seed)
+    tokens = torch.randint(0, m["vocab"], (B, T), generator=g, dtype=torch.int32)
+    tok_path = os.path.join(args.parity_hf, "peer_tokens.bin")
+    out_path = os.path.join(args.parity_hf, "ght_logits.bin")
+    tokens.numpy().tofile(tok_path)
+    subprocess.run([args.ght, "logits", "--hf", args.parity_hf, "--tokens", tok_path, "--batch", str(B),
+                    "--out", out_path], check=True, stdout=subprocess.DEVNULL)
+    theirs = torch.frombuffer(bytearray(open(out_path, "rb").read()), dtype=torch.float32).view(B, T, m["vocab"])
+    with torch.no_grad():
+        ours, aux, z = model.logits(tokens.long())
+    err = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    ok = err <= args.tol
+    print(json.dumps({"parity_max_rel_err": err, "tolerance": args.tol, "aux": float(aux), "z": float(z),
+                      "pass": ok}))
+    return 0 if ok else 1
+
+
 def sync(torch, device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -380,6 +453,10 @@ def main():
     ap.add_argument("--experts", default="auto", help="auto (torch._grouped_mm when it works) or loop")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--json", default="", help="also append each record to this JSONL file")
+    ap.add_argument("--parity-hf", default="", help="instead of training: compare the peer's fp32 CPU logits "
+                    "with `ght logits` on this `ght export --hf` directory (its config must be --config-json's)")
+    ap.add_argument("--ght", default="build/bin/ght", help="the ght binary, for --parity-hf")
+    ap.add_argument("--tol", type=float, default=1e-4, help="--parity-hf: max relative error")
     args = ap.parse_args()
     cfg = json.load(open(args.config_json))
     if "model" not in cfg:
@@ -393,6 +470,8 @@ def main():
     except ImportError as e:
         print(f"torch_peer: skipped: PyTorch cannot be imported ({e})")
         return 0
+    if args.parity_hf:
+        return parity(torch, cfg, args)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("torch_peer: skipped: no CUDA device (use --device cpu for the CPU debugging path)")
         return 0

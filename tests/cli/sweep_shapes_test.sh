@@ -8,7 +8,8 @@
 #     CPU backend with the sweep's exact command line and writes a profile.json: data shards, the
 #     ght command, profile parsing, sweep.json and the table;
 #  4. where PyTorch imports (SWEEP_TEST_PYTHON, default python3), the peer through the sweep on the
-#     CPU (eager), and the peer alone learning a fixed batch; else "skipped" for that part.
+#     CPU (eager), the peer alone learning a fixed batch, and the peer's fp32 logits against `ght
+#     logits` on an exported model (the same math); else "skipped" for that part.
 # Usage: bash sweep_shapes_test.sh <path-to-ght> <project-root>
 set -u
 GHT=$(realpath "$1")
@@ -128,6 +129,11 @@ r = [json.loads(l[10:]) for l in open(sys.argv[1]) if l.startswith("PEER_JSON ")
 assert r["loss_last"] < 0.5 * r["loss_first"] and r["experts"] == "grouped_mm", r
 print(f"peer learns a fixed batch: {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
 EOF
+  # The same math as ght's: fp32 CPU logits of an exported model against `ght logits`.
+  "$GHT" export --hf "$TMP/hf" --init tiny --seed 7 >/dev/null || fail "ght export"
+  "$PY" "$ROOT/bench/trainer/torch_peer.py" --config-json "$TMP/tiny.json" --parity-hf "$TMP/hf" --ght "$GHT" \
+    >"$TMP/parity.txt" 2>&1 || { fail "the peer's logits differ from ght's:"; cat "$TMP/parity.txt" >&2; }
+  grep -h parity_max_rel_err "$TMP/parity.txt"
 else
   echo "sweep_shapes_test: PyTorch part skipped: $PY cannot import torch"
 fi
