@@ -112,6 +112,19 @@ def counts(m):
             "tokens_per_step": tp.tokens_per_step(m), "micro_batch_tokens": m["seq_len"] * m["micro_batch"]}
 
 
+# Rough device seconds per stage, for skipping a stage that cannot finish before SWEEP_DEADLINE_S
+# and for planning how to split the sweep across calls. Guesses, not measurements: ght initialises
+# its weights on the CPU (about 1 minute per 5B parameters on the 16-core H200 machine) and then
+# runs a few short steps; the peer starts Python, PyTorch and CUDA, and torch.compile compiles the
+# forward and backward in its first step (a minute or two for a few MoE layers).
+def est_ght_s(c):
+    return 20 + 12 * c["params_total"] / 1e9
+
+
+def est_peer_s(modes):
+    return 15 + sum({"eager": 20, "compile": 100}.get(x, 60) for x in modes.split(","))
+
+
 def fmt_b(n):
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e7 else f"{n / 1e6:.2f}M"
 
@@ -152,15 +165,18 @@ def ght_config(ght, shape):
 
 def list_shapes(args, shapes):
     ok = True
-    print("| shape | what | params total / active (non-embedding) | GFLOP/token strict / Megatron | micro-batch / step tokens |"
-          + (" ght plan: params, FLOPs, HBM |" if args.ght else ""))
-    print("|---|---|---|---|---|" + ("---|" if args.ght else ""))
+    print("| shape | what | params total / active (non-embedding) | GFLOP/token strict / Megatron | micro-batch / step tokens "
+          "| est. s ght + peer |" + (" ght plan: params, FLOPs, HBM |" if args.ght else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.ght else ""))
+    total_s = 0
     for s in shapes:
         m = full_model(s)
         c = counts(m)
         row = (f"| {s['name']} | {describe(m)} | {fmt_b(c['params_total'])} / {fmt_b(c['params_active'])} "
                f"({fmt_b(c['params_active_nonembedding'])}) | {c['flops_per_token'] / 1e9:.2f} / "
-               f"{c['megatron_flops_per_token'] / 1e9:.2f} | {c['micro_batch_tokens']} / {c['tokens_per_step']} |")
+               f"{c['megatron_flops_per_token'] / 1e9:.2f} | {c['micro_batch_tokens']} / {c['tokens_per_step']} "
+               f"| {est_ght_s(c):.0f} + {est_peer_s(args.modes):.0f} |")
+        total_s += est_ght_s(c) + est_peer_s(args.modes)
         if args.ght:
             problems = []
             try:
@@ -184,6 +200,8 @@ def list_shapes(args, shapes):
                 print(f"sweep: {s['name']}: {pr}", file=sys.stderr)
             ok &= not problems
         print(row)
+    print(f"estimated device time (a guess; the sweep skips what cannot finish before SWEEP_DEADLINE_S): "
+          f"{total_s:.0f} s for {len(shapes)} shapes")
     if args.ght:
         print(f"sweep --list: {len(shapes)} shapes {'agree with' if ok else 'DO NOT agree with'} {args.ght}")
     return 0 if ok else 1
@@ -410,7 +428,7 @@ def main():
                        f"first ({args.steps} steps); peer: median of {args.peer_steps} steps after "
                        f"{args.peer_warmup} warm-up steps.",
             "base_config": BASE_CONFIG, "parts": parts, "modes": args.modes}
-    results = []
+    results, skipped = [], []
     fail = False
     for s in shapes:
         m = full_model(s)
@@ -423,25 +441,29 @@ def main():
             cfg_path = os.path.join(args.out, f"sweep_{s['name']}_config.json")
             json.dump(cfg, open(cfg_path, "w"), indent=2)
             if "ght" in parts:
-                if clock.left() < 60:
+                if clock.left() < est_ght_s(r["counts"]) + 15:
                     r["ght"] = {"error": "skipped: SWEEP_DEADLINE_S"}
                 else:
                     data = make_data(args.ght, args.data_dir, m["vocab"], args.steps * r["counts"]["tokens_per_step"])
                     r["ght"] = run_ght(args, s, data, clock)
             if "peer" in parts:
-                if clock.left() < 60:
+                if clock.left() < est_peer_s(args.modes) + 10:
                     r["peer"] = {mode: {"error": "skipped: SWEEP_DEADLINE_S"} for mode in args.modes.split(",")}
                 else:
                     r["peer"] = run_peer(args, s, cfg_path, clock)
         except (RuntimeError, OSError, subprocess.CalledProcessError, ValueError) as e:
             r["error"] = str(e)[:1000]
             print(f"sweep: {s['name']}: {e}", file=sys.stderr)
-        fail |= bool(r.get("error") or r.get("ght", {}).get("error")
-                     or any(x.get("error") for x in r.get("peer", {}).values()))
+        errs = [r.get("error"), r.get("ght", {}).get("error")] + [x.get("error") for x in r.get("peer", {}).values()]
+        if any(e and e.startswith("skipped:") for e in errs):
+            skipped.append(s["name"])
+        fail |= any(e and not e.startswith("skipped:") for e in errs)
         write(args, results, meta)
     print()
     print(write(args, results, meta))
     print(f"\n{meta['formula']}\nresults: {args.out}/sweep.json, sweep.md (with earlier calls' rows for shapes not run now)")
+    if skipped:
+        print(f"not run for lack of time (SWEEP_DEADLINE_S): SWEEP_SHAPES=\"{' '.join(skipped)}\" for a later call")
     return 1 if fail else 0
 
 
