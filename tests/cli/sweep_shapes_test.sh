@@ -8,8 +8,9 @@
 #     CPU backend with the sweep's exact command line and writes a profile.json: data shards, the
 #     ght command, profile parsing, sweep.json and the table;
 #  4. where PyTorch imports (SWEEP_TEST_PYTHON, default python3), the peer through the sweep on the
-#     CPU (eager), the peer alone learning a fixed batch, and the peer's fp32 logits against `ght
-#     logits` on an exported model (the same math); else "skipped" for that part.
+#     CPU (eager), the peer alone learning a fixed batch, the peer's fp32 logits against `ght
+#     logits` on an exported model, and its CE, aux, grad norm and one AdamW update against ght's
+#     CPU backend (the same model and step); else "skipped" for that part.
 # Usage: bash sweep_shapes_test.sh <path-to-ght> <project-root>
 set -u
 GHT=$(realpath "$1")
@@ -134,6 +135,10 @@ EOF
   "$PY" "$ROOT/bench/trainer/torch_peer.py" --config-json "$TMP/tiny.json" --parity-hf "$TMP/hf" --ght "$GHT" \
     >"$TMP/parity.txt" 2>&1 || { fail "the peer's logits differ from ght's:"; cat "$TMP/parity.txt" >&2; }
   grep -h parity_max_rel_err "$TMP/parity.txt"
+  # Loss terms, gradients and the AdamW update: two steps against ght's CPU backend.
+  "$PY" "$ROOT/bench/trainer/torch_peer.py" --config-json "$TMP/tiny.json" --parity-train "$TMP/pt" --ght "$GHT" \
+    >"$TMP/parity_train.txt" 2>&1 || { fail "the peer's training step differs from ght's:"; cat "$TMP/parity_train.txt" >&2; }
+  grep -h rel_err "$TMP/parity_train.txt"
 else
   echo "sweep_shapes_test: PyTorch part skipped: $PY cannot import torch"
 fi
