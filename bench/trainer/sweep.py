@@ -21,7 +21,8 @@ printed last), sweep_NAME_ght.log / _ght_profile.json / _config.json / _peer.log
 The table and JSON are rewritten after every shape, so a call that runs out of time keeps what it
 measured, and they keep earlier calls' results (same --out) for the shapes, parts and modes this
 one did not run. Knobs (flags or environment): SWEEP_SHAPES, SWEEP_PARTS ("ght peer"), SWEEP_MODES
-("eager,compile"), SWEEP_STEPS (ght profile steps, 4), SWEEP_PEER_WARMUP (2), SWEEP_PEER_STEPS (4),
+("eager,compile"), SWEEP_PEER_PARITY (1: first the peer's logits on this device against ght's, ~20 s;
+0: off), SWEEP_STEPS (ght profile steps, 4), SWEEP_PEER_WARMUP (2), SWEEP_PEER_STEPS (4),
 SWEEP_DEADLINE_S (570: no stage starts, and a running one is killed, past this many seconds
 after the sweep started, so that the table is still written inside a 600 s device call).
 
@@ -312,6 +313,29 @@ def run_peer(args, shape, cfg_path, clock):
     return recs
 
 
+def peer_parity(args):
+    """The peer's logits on this device (bf16 autocast on CUDA) against ght's fp32 CPU logits on an
+    exported `small` model: a gross-error check of the path the sweep times (a wrong expert layout
+    or attention call gives O(1) errors; bf16 rounding and the top-k choices it flips give a few
+    percent). About 20 s."""
+    work = os.path.join(args.out, "peer_parity")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    try:
+        subprocess.run([args.ght, "export", "--hf", os.path.join(work, "hf"), "--init", "small", "--seed", "7"],
+                       check=True, capture_output=True, cwd=ROOT)
+        cfg = subprocess.run([args.ght, "train", "--model", "small", "--print-config"], check=True,
+                             capture_output=True, text=True, cwd=ROOT).stdout
+        open(os.path.join(work, "small.json"), "w").write(cfg)
+        r = subprocess.run([args.python, os.path.join(HERE, "torch_peer.py"), "--config-json", os.path.join(work, "small.json"),
+                            "--parity-hf", os.path.join(work, "hf"), "--ght", args.ght, "--device", args.peer_device,
+                            "--tol", "0.1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else {"error": (r.stdout + r.stderr).strip()[-500:]}
+    except (subprocess.SubprocessError, OSError, ValueError) as e:
+        return {"error": str(e)[:500]}
+
+
 def pct(x):
     return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "–"
 
@@ -371,7 +395,10 @@ def write(args, results, meta):
     json.dump({**meta, "shapes": results}, open(path, "w"), indent=2)
     t = table(results)
     with open(os.path.join(args.out, "sweep.md"), "w") as f:
-        f.write(f"# Shape sweep, {meta['date']}\n\n{meta['formula']}\n\n{t}\n\nShapes:\n")
+        f.write(f"# Shape sweep, {meta['date']}\n\n{meta['formula']}\n\n{t}\n\n")
+        if "peer_parity" in meta:
+            f.write(f"Peer parity (`small`, this device, against ght's fp32 logits): {json.dumps(meta['peer_parity'])}\n\n")
+        f.write("Shapes:\n")
         for r in results:
             f.write(f"- {r['name']}: {r['describe']} ({r['about']})\n")
     return t
@@ -430,6 +457,12 @@ def main():
             "base_config": BASE_CONFIG, "parts": parts, "modes": args.modes}
     results, skipped = [], []
     fail = False
+    if "peer" in parts and os.environ.get("SWEEP_PEER_PARITY", "1") != "0":
+        meta["peer_parity"] = peer_parity(args)
+        print(f"peer parity ({args.peer_device}, `small` against ght's fp32 logits): {meta['peer_parity']}", flush=True)
+        if not meta["peer_parity"].get("pass"):
+            print("WARNING: the peer does not compute ght's model on this device; its timings are suspect")
+            fail = True
     for s in shapes:
         m = full_model(s)
         r = {"name": s["name"], "about": s["about"], "describe": describe(m), "model": m, "counts": counts(m),

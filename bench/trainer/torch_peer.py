@@ -110,7 +110,8 @@ def build(torch, cfg, device, notes):
     d, H, KV, D = m["d_model"], m["heads"], m["kv_heads"], m["head_dim"]
     E, K, Fh, V, L = m["experts"], m["top_k"], m["expert_ffn"], m["vocab"], m["layers"]
     eps, theta = float(m["rms_eps"]), float(m["rope_theta"])
-    cdt = torch.bfloat16 if device.type == "cuda" else torch.float32  # compute dtype
+    # compute dtype: bf16 under autocast on CUDA (and on the CPU with --cpu-bf16, to debug that path)
+    cdt = torch.bfloat16 if device.type == "cuda" or cfg.get("cpu_bf16") else torch.float32
     use_grouped = cfg.get("experts", "auto") != "loop" and probe_grouped_mm(torch, device, cdt, notes)
     if cfg.get("experts") == "loop":
         notes.append("--experts loop: per-expert loop")
@@ -313,7 +314,7 @@ def run_mode(torch, cfg, mode, args, device, notes):
         def step(i):
             for a in range(A):
                 b = data[(i * A + a) % n_batches]
-                with torch.autocast(device_type=device.type, dtype=cdt, enabled=(device.type == "cuda")):
+                with torch.autocast(device_type=device.type, dtype=cdt, enabled=(cdt != torch.float32)):
                     loss, ce = step_fn(b[:, :-1], b[:, 1:])
                 (loss / A).backward()
             if max_norm > 0:
@@ -419,7 +420,9 @@ def parity(torch, cfg, args):
     math, tensor for tensor. Exit status 0 when max|peer - ght| / max|ght| <= --tol."""
     import subprocess
     m = cfg["model"]
-    model, _ = build(torch, cfg, torch.device("cpu"), [])
+    device = torch.device(args.device)
+    notes = []
+    model, cdt = build(torch, cfg, device, notes)
     load_hf(torch, model, args.parity_hf, m)
     B, T = 2, min(64, m["seq_len"])
     g = torch.Generator().manual_seed(args.seed)
@@ -430,12 +433,12 @@ def parity(torch, cfg, args):
     subprocess.run([args.ght, "logits", "--hf", args.parity_hf, "--tokens", tok_path, "--batch", str(B),
                     "--out", out_path], check=True, stdout=subprocess.DEVNULL)
     theirs = torch.frombuffer(bytearray(open(out_path, "rb").read()), dtype=torch.float32).view(B, T, m["vocab"])
-    with torch.no_grad():
-        ours, aux, z = model.logits(tokens.long())
-    err = ((ours - theirs).abs().max() / theirs.abs().max()).item()
+    with torch.no_grad(), torch.autocast(device_type=device.type, dtype=cdt, enabled=cdt != torch.float32):
+        ours, aux, z = model.logits(tokens.long().to(device))
+    err = ((ours.float().cpu() - theirs).abs().max() / theirs.abs().max()).item()
     ok = err <= args.tol
-    print(json.dumps({"parity_max_rel_err": err, "tolerance": args.tol, "aux": float(aux), "z": float(z),
-                      "pass": ok}))
+    print(json.dumps({"parity_max_rel_err": err, "tolerance": args.tol, "device": str(device),
+                      "dtype": str(cdt), "aux": float(aux), "z": float(z), "notes": notes, "pass": ok}))
     return 0 if ok else 1
 
 
@@ -505,11 +508,13 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps")
     ap.add_argument("--lr", type=float, default=None, help="default: the config's schedule.lr (constant)")
     ap.add_argument("--same-batch", action="store_true", help="reuse one step's batches (the CPU learning check)")
+    ap.add_argument("--cpu-bf16", action="store_true", help="--device cpu: bf16 autocast as on CUDA (debugging)")
     ap.add_argument("--experts", default="auto", help="auto (torch._grouped_mm when it works) or loop")
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--json", default="", help="also append each record to this JSONL file")
-    ap.add_argument("--parity-hf", default="", help="instead of training: compare the peer's fp32 CPU logits "
-                    "with `ght logits` on this `ght export --hf` directory (its config must be --config-json's)")
+    ap.add_argument("--parity-hf", default="", help="instead of training: compare the peer's logits (fp32 on the "
+                    "CPU, bf16 autocast with --device cuda) with `ght logits` (fp32) on this `ght export --hf` directory "
+                    "(its config must be --config-json's)")
     ap.add_argument("--parity-train", default="", metavar="WORK_DIR", help="instead of training: CE, aux, grad norm "
                     "and one AdamW update against ght's CPU backend on one micro-batch (a preset's config)")
     ap.add_argument("--ght", default="build/bin/ght", help="the ght binary, for --parity-hf / --parity-train")
@@ -522,18 +527,19 @@ def main():
     cfg.setdefault("schedule", {"lr": 1e-4})
     args.name = args.name or cfg["model"].get("name", "custom")
     cfg["experts"] = args.experts
+    cfg["cpu_bf16"] = args.cpu_bf16
     try:
         import torch
     except ImportError as e:
         print(f"torch_peer: skipped: PyTorch cannot be imported ({e})")
         return 0
-    if args.parity_hf:
-        return parity(torch, cfg, args)
     if args.parity_train:
         return parity_train(torch, cfg, args)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("torch_peer: skipped: no CUDA device (use --device cpu for the CPU debugging path)")
         return 0
+    if args.parity_hf:
+        return parity(torch, cfg, args)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.enable_math_sdp(False)  # a silent math fallback would be an unfair peer

@@ -132,7 +132,7 @@ print(f"peer learns a fixed batch: {r['loss_first']:.3f} -> {r['loss_last']:.3f}
 EOF
   # The same math as ght's: fp32 CPU logits of an exported model against `ght logits`.
   "$GHT" export --hf "$TMP/hf" --init tiny --seed 7 >/dev/null || fail "ght export"
-  "$PY" "$ROOT/bench/trainer/torch_peer.py" --config-json "$TMP/tiny.json" --parity-hf "$TMP/hf" --ght "$GHT" \
+  "$PY" "$ROOT/bench/trainer/torch_peer.py" --config-json "$TMP/tiny.json" --parity-hf "$TMP/hf" --ght "$GHT" --device cpu \
     >"$TMP/parity.txt" 2>&1 || { fail "the peer's logits differ from ght's:"; cat "$TMP/parity.txt" >&2; }
   grep -h parity_max_rel_err "$TMP/parity.txt"
   # Loss terms, gradients and the AdamW update: two steps against ght's CPU backend.
