@@ -110,11 +110,23 @@ if want trace; then
   run_stage trace trace
 fi
 
+if want sweep; then
+  sweep() {
+    [ -x "$ght" ] || { echo "no $ght: run the build stage first"; return 1; }
+    local dl=${SWEEP_DEADLINE_S:-$((570 - SECONDS))}
+    SWEEP_DEADLINE_S=$dl python3 bench/trainer/sweep.py --ght "$ght" --out "$res/sweep"
+    local rc=$?
+    cp "$res/sweep/sweep.md" "$res/sweep/sweep.json" "$out/" 2>/dev/null
+    return $rc
+  }
+  run_stage sweep sweep
+fi
+
 tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace; do
+for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace sweep; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done
