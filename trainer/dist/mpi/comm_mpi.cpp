@@ -1,6 +1,8 @@
 // The MPI communicator: nonblocking MPI collectives, each polled against its deadline.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <thread>
@@ -36,13 +38,19 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_allreduce_sum(void* x, std::size_t n, Type t) override {
-    MPI_Request req = MPI_REQUEST_NULL;
     const char* what = t == Type::f32 ? " floats" : " doubles";
+    const std::size_t elem = t == Type::f32 ? sizeof(float) : sizeof(double);
     const std::string op = "allreduce_sum of " + std::to_string(n) + what;
-    check(MPI_Iallreduce(MPI_IN_PLACE, x, count(n, op), t == Type::f32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM,
-                         MPI_COMM_WORLD, &req),
-          op);
-    wait(req, op, -1);
+    // MPI counts are int: larger buffers go in pieces.
+    constexpr std::size_t kPiece = std::size_t{1} << 30;
+    for (std::size_t at = 0; at < n; at += kPiece) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      const std::size_t len = std::min(kPiece, n - at);
+      check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(x) + at * elem, count(len, op),
+                           t == Type::f32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req),
+            op);
+      wait(req, op, -1);
+    }
   }
 
   void do_broadcast(void* data, std::size_t bytes, int root) override {
@@ -65,7 +73,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   int count(std::size_t n, const std::string& op) const {
-    // One call moves at most INT_MAX elements; callers split larger buffers.
+    // One MPI call moves at most INT_MAX elements.
     GHT_EXPECTS(n <= static_cast<std::size_t>(INT32_MAX), op + ": more than 2^31-1 elements in one call");
     return static_cast<int>(n);
   }
