@@ -21,6 +21,18 @@ ght_find_c_library(ght_xxhash xxhash.h xxhash)
 
 ght_find_c_library(ght_numa numa.h numa)
 
+# MPI (optional): CPU collectives between the processes of an mpirun/srun launch (trainer/dist).
+# Only the C API is used. Without it the build runs one process per job.
+option(GHT_WITH_MPI "Build the MPI communicator when MPI is found" ON)
+set(GHT_HAVE_MPI OFF)
+if(GHT_WITH_MPI)
+  find_package(MPI COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(GHT_HAVE_MPI ON)
+  endif()
+endif()
+message(STATUS "ghtier: MPI ${GHT_HAVE_MPI}")
+
 if(GHT_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -11,6 +11,7 @@ pkgs=(
   libnuma-dev libhwloc-dev libtbb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libtoml11-dev libcli11-dev libxxhash-dev
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

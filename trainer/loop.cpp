@@ -67,7 +67,9 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     v.adam_m.push_back({t.name, t.shape, std::span<const float>(arr[1], t.numel)});
     v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
   }
-  v.optimizer = {{"step", opt.step_count()}, {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite}};
+  v.optimizer = {{"step", opt.step_count()},
+                 {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
+                 {"world_size", s.comm->size()}};
   v.data_position = s.loader->state().to_json();
   v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
   v.config = s.cfg.to_json();
@@ -101,27 +103,66 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
   opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
   s.loader->restore(LoaderState::from_json(c.data_position));
   s.step = c.step;
+  // Checkpoints of older builds carry no world size: they were written by one process.
+  const int saved_world = c.optimizer.value("world_size", 1);
+  if (saved_world != s.comm->size() && s.leader()) {
+    log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
+              std::to_string(s.comm->size()) + ": the data continues where it stopped, but each step now reads " +
+              std::to_string(s.comm->size()) + "/" + std::to_string(saved_world) + " times as many tokens");
+  }
+}
+
+// Every rank must resume from the same step (a checkpoint written in between, or a run directory
+// that is not shared, would make them differ).
+void check_same_step(const TrainSession& s) {
+  if (s.comm->size() == 1) return;
+  std::int64_t root_step = s.step;
+  s.comm->broadcast(&root_step, sizeof root_step, 0);
+  GHT_EXPECTS(root_step == s.step, "rank " + std::to_string(s.comm->rank()) + " starts at step " +
+                                       std::to_string(s.step) + " but rank 0 at step " + std::to_string(root_step) +
+                                       ": every rank must read the same checkpoint (is " + s.cfg.out +
+                                       " on a file system all ranks share?)");
 }
 
 double evaluate(TrainBackend& be, TrainSession& s) {
   DataLoader& val = *s.val_loader;
   val.reset();  // every eval reads the same batches
+  // With N ranks, rank r takes batches r, r+N, ... and the sums are added up.
+  const int n = s.comm->size(), r = s.comm->rank();
   double sum = 0;
   Batch b;
   for (int i = 0; i < s.cfg.eval_batches; ++i) {
     val.next(b);
-    sum += be.eval_loss(b);
+    if (i % n == r) sum += be.eval_loss(b);
   }
+  s.comm->allreduce_sum(&sum, 1);
   return sum / s.cfg.eval_batches;
+}
+
+// A stop signal may reach the ranks at different steps; they all stop after the same one.
+bool stop_everywhere(const TrainSession& s) {
+  if (s.comm->size() == 1) return stop_requested();
+  double any = stop_requested() ? 1 : 0;
+  s.comm->allreduce_sum(&any, 1);
+  return any > 0;
 }
 
 }  // namespace
 
-TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run_in) : cfg(cfg_in), run(run_in) {
+TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run_in,
+                           std::shared_ptr<dist::Communicator> comm_in)
+    : cfg(cfg_in), run(run_in), comm(comm_in ? std::move(comm_in) : dist::make_single_communicator()) {
   cfg.validate();
   run_id = new_run_id();
-  lock_ = std::make_unique<RunDirLock>(cfg.out);
-  if (run.resume.empty() && holds_run(cfg.out)) {
+  // The run id goes in every rank's records; rank 0's is the run's.
+  if (comm->size() > 1) {
+    char id[64] = {};
+    run_id.copy(id, sizeof id - 1);
+    comm->broadcast(id, sizeof id, 0);
+    run_id = id;
+  }
+  if (leader()) lock_ = std::make_unique<RunDirLock>(cfg.out);
+  if (leader() && run.resume.empty() && holds_run(cfg.out)) {
     GHT_EXPECTS(run.overwrite, "run directory " + cfg.out +
                                    " already holds a run (checkpoints or log.jsonl); use --resume auto to "
                                    "continue it, or --overwrite to delete its checkpoints and log and start over");
@@ -141,7 +182,7 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
 
   // The resolved configuration, for people and tools that look in the run directory (it is also
   // in log.jsonl's config record and in each checkpoint).
-  {
+  if (leader()) {
     const fs::path path = fs::path(cfg.out) / "config.json";
     const fs::path tmp = fs::path(cfg.out) / ".config.json.tmp";
     std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
@@ -150,9 +191,9 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
     fs::rename(tmp, path);
   }
 
-  const double needed = static_cast<double>(cfg.steps) * static_cast<double>(cfg.model.tokens_per_step());
+  const double needed = static_cast<double>(cfg.steps) * static_cast<double>(tokens_per_step());
   const auto have = static_cast<double>(loader->tokens_per_epoch());
-  if (have > 0 && needed > have) {
+  if (have > 0 && needed > have && leader()) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%.3g tokens of training (%lld steps) is %.2f passes over the %.3g tokens of train shards: the data repeats",
                   needed, static_cast<long long>(cfg.steps), needed / have, have);
@@ -161,27 +202,30 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
 }
 
 void TrainSession::say(const std::string& s) const {
-  if (!run.quiet) log::info(s);
+  if (!run.quiet && leader()) log::info(s);
 }
 
 TrainSummary run_training(TrainBackend& be, TrainSession& s) {
   const TrainConfig& cfg = s.cfg;
   TrainSummary& summary = s.summary;
   summary.backend = be.name();
+  summary.rank = s.comm->rank();
+  summary.world_size = s.comm->size();
   bool ok = false;
   try {
     if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); })) {
       restore(be, s, *ck);
       s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
     } else {
-      be.init_weights(cfg.seed);
+      be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
     }
+    check_same_step(s);
     summary.first_step = s.step;
 
-    MetricsLogOptions lopt;
-    lopt.jsonl_path = (fs::path(cfg.out) / "log.jsonl").string();
+    MetricsLogOptions lopt;  // rank 0 logs for the run; the others stay silent
+    if (s.leader()) lopt.jsonl_path = (fs::path(cfg.out) / "log.jsonl").string();
     lopt.total_steps = cfg.steps;
-    lopt.quiet = s.run.quiet;
+    lopt.quiet = s.run.quiet || !s.leader();
     lopt.console_every = cfg.log_every;
     lopt.run_id = s.run_id;
     MetricsLogger log(lopt);
@@ -192,13 +236,13 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
     std::int64_t saved_step = -1;
     auto save_ckpt = [&](std::int64_t step) {
-      if (!save_ckpts) return;
+      if (!save_ckpts || !s.leader()) return;
       summary.last_checkpoint = save_checkpoint(be, s, step);
       saved_step = step;
     };
     // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
     auto save_before_rethrow = [&](const char* where) {
-      if (!save_ckpts || s.step == summary.first_step || s.step == saved_step) return;
+      if (!save_ckpts || !s.leader() || s.step == summary.first_step || s.step == saved_step) return;
       try {
         save_ckpt(s.step);
         log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
@@ -211,7 +255,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     const auto t_start = std::chrono::steady_clock::now();
     auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
     const std::int64_t last = s.run.stop_at ? std::min(*s.run.stop_at, cfg.steps) : cfg.steps;
-    const auto tokens_per_step = static_cast<double>(cfg.model.tokens_per_step());
+    const auto tokens_per_step = static_cast<double>(s.tokens_per_step());
     optimizer::AdamW& opt = be.optimizer();
     while (s.step < last) {
       const double lr = lr_at(cfg.schedule, s.step);
@@ -261,9 +305,9 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
         }
         log.log_eval(s.step, *summary.eval_loss, elapsed());
       }
-      if (stop_requested()) {
-        log.print("signal " + std::to_string(stop_signal()) + " received: checkpointing at step " +
-                  std::to_string(s.step) + " and exiting");
+      if (stop_everywhere(s)) {
+        const std::string by = stop_requested() ? "signal " + std::to_string(stop_signal()) : "another rank's stop signal";
+        log.print(by + " received: checkpointing at step " + std::to_string(s.step) + " and exiting");
         save_ckpt(s.step);
         summary.stopped_by_signal = true;
         break;
@@ -271,7 +315,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       if ((cfg.ckpt_every > 0 && s.step % cfg.ckpt_every == 0) || s.step == last) {
         be.before_extra_work();
         save_ckpt(s.step);
-        if (save_ckpts) log.print("checkpoint: " + summary.last_checkpoint);
+        if (save_ckpts && s.leader()) log.print("checkpoint: " + summary.last_checkpoint);
       }
     }
     be.synchronize();

@@ -17,6 +17,14 @@
  *     TrainSession s(cfg, run);      // out dir locked, data validated, loaders made
  *     CpuBackend b(s);               // the model and its optimizer
  *     TrainSummary sum = run_training(b, s);
+ *
+ * Several processes (data parallel, TrainSession::comm of size N > 1): every rank runs this loop
+ * in lockstep with replicated weights and optimizer state; every rank reads the same data stream
+ * (so the loader's position is the same everywhere) and the backend computes its share of it.
+ * Rank 0 alone owns the run directory: the lock, config.json, log.jsonl and the checkpoints.
+ * Every rank reads the checkpoint on resume (the run directory must be on a shared file system).
+ * Evals split the held-out batches over the ranks; a stop signal on any rank stops all of them
+ * after the same step.
  */
 #include <cstdint>
 #include <memory>
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "trainer/data.hpp"
+#include "trainer/dist/comm.hpp"
 #include "trainer/model.hpp"
 #include "trainer/run_dir.hpp"
 #include "trainer/train.hpp"
@@ -54,12 +63,21 @@ class TrainSession {
   /**
    * @brief Validate the config, lock the run directory, check it against `run` (an old run
    * there needs run.resume or run.overwrite), check every train and val shard, make the loaders.
+   * `comm`: the processes of a data-parallel run (null: this process alone). A collective
+   * agrees on the run id; only rank 0 locks and writes the run directory.
    * @throws ght::logic_error (config, a locked or non-empty run directory), ght::io_error (data)
    */
-  TrainSession(const TrainConfig& cfg, const TrainRunOptions& run);
+  TrainSession(const TrainConfig& cfg, const TrainRunOptions& run,
+               std::shared_ptr<dist::Communicator> comm = nullptr);
 
-  /// A progress note (info level; nothing when run.quiet).
+  /// A progress note (info level; nothing when run.quiet, nor on ranks other than 0).
   void say(const std::string& s) const;
+  /// Rank 0: the one that writes the run directory.
+  [[nodiscard]] bool leader() const noexcept { return comm->rank() == 0; }
+  /// Tokens of one optimizer step over all ranks.
+  [[nodiscard]] std::int64_t tokens_per_step() const noexcept {
+    return cfg.model.tokens_per_step() * comm->size();
+  }
 
   TrainConfig cfg;
   TrainRunOptions run;
@@ -69,6 +87,8 @@ class TrainSession {
   std::string run_id;
   std::int64_t step = 0;  ///< optimizer steps completed so far
   TrainSummary summary;   ///< filled as the run goes (what an error report can cite)
+  /// The processes of this run (world size 1 when not launched as several); never null.
+  std::shared_ptr<dist::Communicator> comm;
 
  private:
   std::unique_ptr<RunDirLock> lock_;
@@ -87,7 +107,9 @@ class TrainBackend {
   virtual void load_weights(std::size_t r, std::span<const float> w) = 0;
   /**
    * @brief One optimizer step: grad_accum micro-batches from `data`, forward and backward, then
-   * the update at `lr`. `step` is the number of steps completed before this one.
+   * the update at `lr`. `step` is the number of steps completed before this one. With N ranks,
+   * each step reads N·grad_accum micro-batches from `data`, and rank r computes the ones at
+   * positions r, r+N, ...; the outcome's losses are the means over all of them.
    */
   virtual StepOutcome step(std::int64_t step, double lr, DataLoader& data) = 0;
   /// Mean cross-entropy of one held-out batch (no gradients, no update).

@@ -9,6 +9,8 @@
 #include "alloc/tiered.hpp"
 #include "optimizer/adamw.hpp"
 #include "tier/error.hpp"
+#include "trainer/dist/comm.hpp"
+#include "trainer/dist/launch.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/model.hpp"
 
@@ -37,7 +39,7 @@ bool gpu_present() {
 
 class CpuBackend final : public TrainBackend {
  public:
-  explicit CpuBackend(const TrainSession& s) : cfg_(s.cfg), model_(s.cfg.model) {
+  explicit CpuBackend(const TrainSession& s) : cfg_(s.cfg), comm_(*s.comm), model_(s.cfg.model) {
     if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
     // The run's allocator: the optimizer state is placed and counted there (GHT_HOST_BUDGET,
     // GHT_ALLOC_LOG). The fp32 reference model keeps its own vectors.
@@ -46,6 +48,11 @@ class CpuBackend final : public TrainBackend {
     s.say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
           std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
           " tokens/step, backend cpu, " + std::to_string(omp_get_max_threads()) + " threads");
+    if (comm_.size() > 1) {
+      s.say("data parallel over " + std::to_string(comm_.size()) + " processes (" + comm_.name() + "): each reads " +
+            std::to_string(mc.grad_accum) + " of every " + std::to_string(comm_.size() * mc.grad_accum) +
+            " micro-batches; gradients all-reduced; AdamW state replicated on every rank");
+    }
     if (s.run.profile_steps > 0) {
       s.say("note: --profile-steps applies to the cuda backend; the cpu backend logs each step's time and "
             "tokens/s to log.jsonl only");
@@ -70,19 +77,33 @@ class CpuBackend final : public TrainBackend {
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
     (void)step;
     const ModelConfig& mc = cfg_.model;
-    const int B = mc.micro_batch, T = mc.seq_len, A = mc.grad_accum;
+    const int B = mc.micro_batch, T = mc.seq_len, N = comm_.size(), rank = comm_.rank();
+    // The step's N·A micro-batches; this rank computes positions rank, rank+N, ... and skips the
+    // others, so every rank's loader stays at the same position and N ranks with A micro-batches
+    // each read what one rank with N·A does, in the same order.
+    const int total = N * mc.grad_accum;
     const auto t0 = std::chrono::steady_clock::now();
     StepOutcome o;
-    // Forward and backward over the micro-batches; gradients accumulate, scaled by 1/A.
+    // Forward and backward; gradients accumulate, scaled by 1/(N·A), then are summed over ranks.
     model_.zero_grad();
-    for (int micro = 0; micro < A; ++micro) {
+    for (int micro = 0; micro < total; ++micro) {
       data.next(batch_);
+      if (micro % N != rank) continue;
       const Loss l = model_.forward(batch_.inputs.data(), batch_.targets.data(), B, T);
-      model_.backward(1.0f / static_cast<float>(A));
-      o.loss += l.ce / A;
-      o.aux_loss += l.aux / A;
+      model_.backward(1.0f / static_cast<float>(total));
+      o.loss += l.ce / total;
+      o.aux_loss += l.aux / total;
     }
-    // Norm, clip and update; the model computes on the fp32 master copy itself.
+    if (N > 1) {
+      auto g = model_.grads();
+      comm_.allreduce_sum(g.data(), g.size());
+      double losses[2] = {o.loss, o.aux_loss};
+      comm_.allreduce_sum(losses, 2);
+      o.loss = losses[0];
+      o.aux_loss = losses[1];
+    }
+    // Norm, clip and update (the same on every rank: the same gradients and state); the model
+    // computes on the fp32 master copy itself.
     const optimizer::StepResult sr = opt_->step(lr);
     copy_master_to_params();
     o.grad_norm = sr.grad_norm;
@@ -128,6 +149,7 @@ class CpuBackend final : public TrainBackend {
   }
 
   const TrainConfig& cfg_;
+  dist::Communicator& comm_;
   MoEModel<float> model_;
   std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
   std::unique_ptr<optimizer::AdamW> opt_;
@@ -141,14 +163,21 @@ std::unique_ptr<TrainBackend> make_cpu_backend(const TrainSession& s) { return s
 TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
+  const dist::Launch launch = dist::detect_launch(dist::process_env());
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
+    if (launch.world_size > 1) {
+      throw ght::config_error("train.backend=" + cfg.backend + " (cuda) in a launch of " +
+                              std::to_string(launch.world_size) + " processes (" + launch.describe() +
+                              "): the CUDA backend runs as one process until NCCL support exists; "
+                              "set train.backend=cpu for data parallel over MPI, or launch one process");
+    }
 #ifdef GHT_HAVE_CUDA
     return train_cuda(cfg, run);
 #else
     throw ght::logic_error("train.backend=cuda: this build has no CUDA (nvcc was not found at configure time)");
 #endif
   }
-  TrainSession s(cfg, run);
+  TrainSession s(cfg, run, dist::make_communicator(launch));
   const auto backend = make_cpu_backend(s);
   return run_training(*backend, s);
 }

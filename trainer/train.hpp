@@ -38,6 +38,8 @@ struct TrainSummary {
   std::string last_checkpoint;
   bool stopped_by_signal = false;
   std::string backend;
+  int rank = 0;        ///< this process's rank in a data-parallel run (0 alone); rank 0 reports
+  int world_size = 1;  ///< processes in the run
 };
 
 /**

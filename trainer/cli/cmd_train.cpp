@@ -123,6 +123,7 @@ void setup(CLI::App& app) {
     run.stop_at = args->stop_at;
     run.profile_steps = args->profile_steps;
     const auto s = ght::trainer::train(cfg, run);
+    if (s.rank != 0) return;  // rank 0 reports for a run of several processes
     if (s.last_step == s.first_step) {
       std::cout << "done: nothing to do, the run is already at step " << s.last_step << " of " << cfg.steps << "\n";
       return;

@@ -1,0 +1,96 @@
+// The MPI communicator under `mpirun -np 2` (tests/CMakeLists.txt registers it only where MPI and
+// mpirun exist). Every rank runs every test; each test's collectives match across ranks.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainer/dist/comm.hpp"
+#include "trainer/dist/launch.hpp"
+
+namespace {
+
+using namespace ght::dist;
+
+std::unique_ptr<Communicator> g_comm;  // one per process: MPI is initialised once
+
+// Values that differ per rank and are not round (never test on zeros).
+float value(int rank, std::size_t i) { return 0.37f * static_cast<float>(i + 1) + 1.5f * static_cast<float>(rank) + 0.01f; }
+
+TEST(DistCommMpi, RankAndSizeMatchTheLaunch) {
+  const Launch l = detect_launch(process_env());
+  EXPECT_EQ(g_comm->name(), "mpi");
+  EXPECT_EQ(g_comm->size(), 2);
+  EXPECT_EQ(g_comm->rank(), l.rank);
+}
+
+TEST(DistCommMpi, AllreduceSumFloatAndDouble) {
+  const int n = g_comm->size();
+  for (std::size_t len : {std::size_t{1}, std::size_t{1000}, std::size_t{100003}}) {
+    std::vector<float> f(len);
+    std::vector<double> d(len);
+    for (std::size_t i = 0; i < len; ++i) f[i] = value(g_comm->rank(), i), d[i] = 2.0 * value(g_comm->rank(), i);
+    g_comm->allreduce_sum(f.data(), len);
+    g_comm->allreduce_sum(d.data(), len);
+    for (std::size_t i = 0; i < len; ++i) {
+      float ef = 0;
+      double ed = 0;
+      for (int r = 0; r < n; ++r) ef += value(r, i), ed += 2.0 * value(r, i);
+      ASSERT_EQ(f[i], ef) << "len " << len << " index " << i;  // two addends: exact in any order
+      ASSERT_NEAR(d[i], ed, 1e-12 * std::abs(ed)) << "len " << len << " index " << i;
+    }
+  }
+}
+
+TEST(DistCommMpi, BroadcastFromEachRoot) {
+  for (int root = 0; root < g_comm->size(); ++root) {
+    std::string buf = g_comm->rank() == root ? "from root " + std::to_string(root) : std::string(11, '?');
+    g_comm->broadcast(buf.data(), buf.size(), root);
+    EXPECT_EQ(buf, "from root " + std::to_string(root));
+  }
+  g_comm->barrier();
+}
+
+// Last: it leaves rank 0's communicator failed. Rank 1 skips the barrier; rank 0 must time out
+// and name the operation and rank 1. Then rank 1 joins, so rank 0's pending barrier completes
+// and both ranks can finalize.
+TEST(DistCommMpi, TimeoutNamesTheOperationAndTheRank) {
+  int token = 0;
+  if (g_comm->rank() == 0) {
+    const Launch l = detect_launch(process_env());
+    auto short_comm = make_communicator(l, std::chrono::duration<double>(1.0));
+    std::string msg;
+    try {
+      short_comm->barrier();
+    } catch (const timeout_error& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("barrier (collective #1, on rank 0 of 2) timed out after 1 s"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("waited for rank 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GHT_DIST_TIMEOUT"), std::string::npos) << msg;
+    MPI_Send(&token, 1, MPI_INT, 1, 0, MPI_COMM_WORLD);
+  } else {
+    MPI_Recv(&token, 1, MPI_INT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    // Matches rank 0's timed-out barrier (a nonblocking collective matches only nonblocking ones).
+    MPI_Request req = MPI_REQUEST_NULL;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  g_comm = make_communicator(detect_launch(process_env()));
+  const int rc = RUN_ALL_TESTS();
+  // Rank 0's timed-out barrier was matched by rank 1's; this one progresses it to completion.
+  MPI_Barrier(MPI_COMM_WORLD);
+  int flag = rc, any = 0;
+  MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  g_comm.reset();  // MPI_Finalize
+  return any;
+}

@@ -1,0 +1,89 @@
+#include "trainer/dist/comm.hpp"
+
+#include "tier/config.hpp"
+#include "tier/error.hpp"
+#include "trainer/dist/detail/comm_mpi.hpp"
+
+namespace ght::dist {
+
+Communicator::Communicator(int rank, int size, std::chrono::duration<double> timeout)
+    : rank_(rank), size_(size), timeout_(timeout) {}
+
+void Communicator::allreduce_sum(float* x, std::size_t n) {
+  ++calls_;
+  if (n == 0 || size_ == 1) return;
+  GHT_EXPECTS(x != nullptr, "allreduce_sum: null buffer");
+  do_allreduce_sum(x, n, Type::f32);
+}
+
+void Communicator::allreduce_sum(double* x, std::size_t n) {
+  ++calls_;
+  if (n == 0 || size_ == 1) return;
+  GHT_EXPECTS(x != nullptr, "allreduce_sum: null buffer");
+  do_allreduce_sum(x, n, Type::f64);
+}
+
+void Communicator::broadcast(void* data, std::size_t bytes, int root) {
+  ++calls_;
+  GHT_EXPECTS(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank of " +
+                                             std::to_string(size_));
+  if (bytes == 0 || size_ == 1) return;
+  GHT_EXPECTS(data != nullptr, "broadcast: null buffer");
+  do_broadcast(data, bytes, root);
+}
+
+void Communicator::barrier() {
+  ++calls_;
+  if (size_ == 1) return;
+  do_barrier();
+}
+
+std::string Communicator::waited_for(int root) const {
+  if (root >= 0 && root != rank_) return "waited for root rank " + std::to_string(root);
+  if (size_ == 2) return "waited for rank " + std::to_string(1 - rank_);
+  return "waited for one or more of the other " + std::to_string(size_ - 1) + " ranks";
+}
+
+namespace {
+
+class SingleCommunicator final : public Communicator {
+ public:
+  SingleCommunicator() : Communicator(0, 1, std::chrono::seconds(0)) {}
+  [[nodiscard]] std::string name() const override { return "single"; }
+
+ protected:
+  void do_allreduce_sum(void*, std::size_t, Type) override {}
+  void do_broadcast(void*, std::size_t, int) override {}
+  void do_barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>(); }
+
+bool have_mpi() noexcept {
+#ifdef GHT_HAVE_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::unique_ptr<Communicator> make_communicator(const Launch& l, std::chrono::duration<double> timeout) {
+  if (l.world_size == 1) return make_single_communicator();
+  if (timeout.count() <= 0) timeout = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
+  if (l.launcher == Launcher::torchrun) {
+    throw ght::config_error("a torchrun-style launch of " + std::to_string(l.world_size) +
+                            " processes (RANK/WORLD_SIZE): no CPU transport for it yet (it needs NCCL, not built); "
+                            "launch the CPU backend with mpirun or srun instead");
+  }
+#ifdef GHT_HAVE_MPI
+  return detail::make_mpi_communicator(l, timeout);
+#else
+  throw ght::config_error("launched as " + l.describe() +
+                          ", but this build has no MPI (CMake did not find it; install libopenmpi-dev, "
+                          "scripts/install-deps.sh) and so runs one process only");
+#endif
+}
+
+}  // namespace ght::dist

@@ -1,0 +1,86 @@
+#pragma once
+/**
+ * @file comm.hpp
+ * @brief CPU collectives between the processes of a launch.
+ *
+ * A Communicator has a rank and a size and four collectives. Every rank must call the same
+ * collectives in the same order. Each collective has a deadline (GHT_DIST_TIMEOUT, 300 s by
+ * default): a rank that waits past it throws ght::dist::timeout_error naming the operation, its
+ * size, its sequence number and the rank(s) it waited for where that is knowable (the root of a
+ * broadcast; the other rank of two).
+ *
+ * Implementations: one process (world size 1; every collective returns at once) and MPI (built
+ * when CMake finds MPI: GHT_HAVE_MPI). After any rank fails, the launcher (mpirun, srun) ends the
+ * others: a rank that leaves by an exception skips MPI_Finalize, so it exits "improperly" and
+ * mpirun stops the job instead of leaving the others to wait for their timeout.
+ */
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "trainer/dist/launch.hpp"
+
+namespace ght::dist {
+
+/// A collective did not complete before its deadline, or the transport reported an error.
+struct comm_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct timeout_error : comm_error {
+  using comm_error::comm_error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] std::chrono::duration<double> timeout() const noexcept { return timeout_; }
+  /// A short name: "single" or "mpi".
+  [[nodiscard]] virtual std::string name() const = 0;
+
+  /// x[0..n) := the elementwise sum over ranks (the same result on every rank).
+  /// @throws timeout_error, comm_error
+  void allreduce_sum(float* x, std::size_t n);
+  void allreduce_sum(double* x, std::size_t n);
+  /// `bytes` bytes at `data` from rank `root` to every rank. @throws ght::logic_error for a bad root
+  void broadcast(void* data, std::size_t bytes, int root);
+  void barrier();
+
+ protected:
+  Communicator(int rank, int size, std::chrono::duration<double> timeout);
+  enum class Type { f32, f64 };
+  virtual void do_allreduce_sum(void* x, std::size_t n, Type t) = 0;
+  virtual void do_broadcast(void* data, std::size_t bytes, int root) = 0;
+  virtual void do_barrier() = 0;
+  /// Which rank(s) a collective with `root` (-1: none) waits for, for an error message.
+  [[nodiscard]] std::string waited_for(int root) const;
+  std::uint64_t calls_ = 0;  ///< collectives started so far (the failing one's number in errors)
+
+ private:
+  int rank_, size_;
+  std::chrono::duration<double> timeout_;
+};
+
+/// The world-size-1 communicator.
+[[nodiscard]] std::unique_ptr<Communicator> make_single_communicator();
+
+/**
+ * @brief The communicator for `l`: single for world size 1, else MPI (Open MPI or Slurm launches;
+ * initialises MPI and checks its rank and size against `l`).
+ * @param timeout per-collective deadline; <= 0: GHT_DIST_TIMEOUT
+ * @throws ght::config_error when world size > 1 and this build has no MPI, or the launch is
+ *         torchrun-style (no CPU transport for it yet); comm_error when MPI disagrees with `l`
+ */
+[[nodiscard]] std::unique_ptr<Communicator> make_communicator(const Launch& l,
+                                                              std::chrono::duration<double> timeout = {});
+
+/// True when this build has the MPI communicator.
+[[nodiscard]] bool have_mpi() noexcept;
+
+}  // namespace ght::dist

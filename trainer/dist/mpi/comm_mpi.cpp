@@ -1,0 +1,140 @@
+// The MPI communicator: nonblocking MPI collectives, each polled against its deadline.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <thread>
+
+#include "tier/error.hpp"
+#include "trainer/dist/detail/comm_mpi.hpp"
+
+namespace ght::dist::detail {
+
+namespace {
+
+std::string mpi_error_text(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(int rank, int size, std::chrono::duration<double> timeout) : Communicator(rank, size, timeout) {}
+
+  ~MpiCommunicator() override {
+    // After a failed collective a request is still pending, and while an exception unwinds the
+    // other ranks may be inside a collective: MPI_Finalize could block in either case. Exiting
+    // without it makes mpirun end the job.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!failed_ && std::uncaught_exceptions() == 0 && finalized == 0) MPI_Finalize();
+  }
+
+  [[nodiscard]] std::string name() const override { return "mpi"; }
+
+ protected:
+  void do_allreduce_sum(void* x, std::size_t n, Type t) override {
+    const char* what = t == Type::f32 ? " floats" : " doubles";
+    const std::size_t elem = t == Type::f32 ? sizeof(float) : sizeof(double);
+    const std::string op = "allreduce_sum of " + std::to_string(n) + what;
+    // MPI counts are int: larger buffers go in pieces.
+    constexpr std::size_t kPiece = std::size_t{1} << 30;
+    for (std::size_t at = 0; at < n; at += kPiece) {
+      MPI_Request req = MPI_REQUEST_NULL;
+      const std::size_t len = std::min(kPiece, n - at);
+      check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(x) + at * elem, count(len, op),
+                           t == Type::f32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req),
+            op);
+      wait(req, op, -1);
+    }
+  }
+
+  void do_broadcast(void* data, std::size_t bytes, int root) override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    const std::string op = "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root);
+    check(MPI_Ibcast(data, count(bytes, op), MPI_BYTE, root, MPI_COMM_WORLD, &req), op);
+    wait(req, op, root);
+  }
+
+  void do_barrier() override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    check(MPI_Ibarrier(MPI_COMM_WORLD, &req), "barrier");
+    wait(req, "barrier", -1);
+  }
+
+ private:
+  [[nodiscard]] std::string where() const {
+    return " (collective #" + std::to_string(calls_) + ", on rank " + std::to_string(rank()) + " of " +
+           std::to_string(size()) + ")";
+  }
+
+  int count(std::size_t n, const std::string& op) const {
+    // One MPI call moves at most INT_MAX elements.
+    GHT_EXPECTS(n <= static_cast<std::size_t>(INT32_MAX), op + ": more than 2^31-1 elements in one call");
+    return static_cast<int>(n);
+  }
+
+  void check(int rc, const std::string& op) {
+    if (rc == MPI_SUCCESS) return;
+    failed_ = true;
+    throw comm_error(op + where() + " failed: " + mpi_error_text(rc));
+  }
+
+  // Poll until done or the deadline. Spinning first keeps small collectives fast; sleeping after
+  // that leaves the cores to the other ranks (CI runs two ranks on two cores).
+  void wait(MPI_Request& req, const std::string& op, int root) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const auto deadline = start + std::chrono::duration_cast<clock::duration>(timeout());
+    for (long polls = 0;; ++polls) {
+      int done = 0;
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), op);
+      if (done != 0) return;
+      if (clock::now() >= deadline) {
+        failed_ = true;
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.0f", timeout().count());
+        throw timeout_error(op + where() + " timed out after " + secs + " s; it " + waited_for(root) +
+                            ", which never joined it (it failed, is stuck, or is in a different collective: see its "
+                            "own output). GHT_DIST_TIMEOUT sets the limit in seconds");
+      }
+      if (polls < 2000) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+    }
+  }
+
+  bool failed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const Launch& l, std::chrono::duration<double> timeout) {
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (inited == 0) {
+    // Only the thread that made the communicator calls MPI (OpenMP threads never do).
+    int provided = 0;
+    const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    if (rc != MPI_SUCCESS) throw comm_error("MPI_Init_thread failed: " + mpi_error_text(rc));
+  }
+  // Errors come back as codes (and become exceptions) instead of aborting the job unexplained.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (rank != l.rank || size != l.world_size) {
+    throw comm_error("MPI says rank " + std::to_string(rank) + " of " + std::to_string(size) +
+                     ", but the environment says " + l.describe() +
+                     " (was the program started by something other than the launcher whose variables are set?)");
+  }
+  return std::make_unique<MpiCommunicator>(rank, size, timeout);
+}
+
+}  // namespace ght::dist::detail
