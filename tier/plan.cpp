@@ -283,7 +283,7 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
       total.add(cm.load(regions[i], choice[i]));
       opt.add(cm.load(regions[i], choice[i], "optimizer"));
     }
-    p.hbm_bytes += hbm_bytes(regions[i], choice[i]);
+    p.hbm_bytes += no_gpu ? 0 : hbm_bytes(regions[i], choice[i]);  // no GPU: nothing is in HBM
     p.host_bytes += host_bytes(regions[i], choice[i]);
     streams |= regions[i].cls == TensorClass::grad && choice[i].tier == TierKind::host;
     state_on_host |= is_state(regions[i].cls) && choice[i].tier == TierKind::host;
@@ -470,7 +470,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
       Load l = cm.load(r, p);
       const double total = cm.total_seconds(l);
       c.loads.push_back(std::move(l));
-      c.hbm.push_back(hbm_bytes(r, p));
+      c.hbm.push_back(no_gpu ? 0 : hbm_bytes(r, p));
       c.host.push_back(host_bytes(r, p));
       c.score.push_back({clamp_score(total), clamp_score(cm.serial_seconds(c.loads.back())) + 1e-3 * clamp_score(total),
                          clamp_score(cm.unhidable_seconds(c.loads.back())) + 1e-3 * clamp_score(total)});

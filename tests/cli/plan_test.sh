@@ -77,6 +77,11 @@ expect_in "$TMP/err.txt" "raise GHT_HBM_BUDGET (ght plan --hbm)"
 [ $? -eq 3 ] || fail "infeasible host budget: expected exit 3"
 expect_in "$TMP/err.txt" "raise GHT_HOST_BUDGET (ght plan --host)"
 
+# Without a GPU (link none) every region lives in host memory: nothing counts against HBM, not
+# even the HBM buffer a streamed gradient keeps on a GPU machine.
+GHT_LINK_PROFILE=none "$GHT" plan --model small >"$TMP/none.txt" 2>"$TMP/err.txt" || fail "link-none plan failed: $(cat "$TMP/err.txt")"
+grep -q "^totals: HBM 0 B" "$TMP/none.txt" || fail "link-none plan holds HBM: $(grep totals "$TMP/none.txt")"
+
 # 5. The other scenarios: tiny everywhere in HBM; bench-h200 on pcie5 with GHT_HBM_BUDGET=40G.
 "$GHT" plan --model tiny --profile pcie5 >"$TMP/tiny.txt" || fail "tiny plan failed"
 if grep -E '^[a-z_]+ +[a-z_]+ +host' "$TMP/tiny.txt" >/dev/null; then fail "tiny: a region on the host"; fi
