@@ -106,10 +106,8 @@ GradStreamAccumulator::GradStreamAccumulator(Options opts, std::shared_ptr<alloc
   // Whole cache lines of whole elements of either type.
   slot_bytes_ = std::max<std::size_t>(64, slot_bytes_ / 64 * 64);
   try {
-    for (int i = 0; i < 2; ++i) {
-      slot_mem_[i] = alloc::unique_block(*alloc_, slot_bytes_,
-                                         {TensorClass::other, "accumulator.staging", TierKind::host, false});
-      slots_[i] = slot_mem_[i].get();
+    for (alloc::unique_block& s : slots_) {
+      s = alloc::unique_block(*alloc_, slot_bytes_, {TensorClass::other, "accumulator.staging", TierKind::host, false});
     }
 #ifdef GHT_HAVE_CUDA
     if (detail::gpu_available()) {
@@ -146,10 +144,7 @@ void GradStreamAccumulator::release() noexcept {
   if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
   copy_stream_ = nullptr;
 #endif
-  for (int i = 0; i < 2; ++i) {
-    slot_mem_[i].reset();
-    slots_[i] = nullptr;
-  }
+  for (alloc::unique_block& s : slots_) s.reset();
 }
 
 void GradStreamAccumulator::run(float* dst, const void* src, GradType type, std::size_t n,
@@ -171,7 +166,7 @@ void GradStreamAccumulator::run(float* dst, const void* src, GradType type, std:
     GHT_CUDA_TRY(cudaEventRecord(produced_, producer));
     GHT_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, produced_, 0));
     ops.start_copy = [&](int slot, std::size_t off, std::size_t count) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(slots_[slot], bytes + off * esize, count * esize,
+      GHT_CUDA_TRY(cudaMemcpyAsync(slots_[slot].get(), bytes + off * esize, count * esize,
                                    cudaMemcpyDeviceToHost, copy_stream_));
       GHT_CUDA_TRY(cudaEventRecord(copied_[slot], copy_stream_));
     };
@@ -181,13 +176,13 @@ void GradStreamAccumulator::run(float* dst, const void* src, GradType type, std:
 #endif
   } else {
     ops.start_copy = [&](int slot, std::size_t off, std::size_t count) {
-      std::memcpy(slots_[slot], bytes + off * esize, count * esize);
+      std::memcpy(slots_[slot].get(), bytes + off * esize, count * esize);
     };
     ops.wait_copy = [](int) {};
   }
   (void)producer;
   ops.consume = [&](int slot, std::size_t off, std::size_t count) {
-    accumulate(dst + off, slots_[slot], type, count, mode, opts_.threads);
+    accumulate(dst + off, slots_[slot].get(), type, count, mode, opts_.threads);
   };
   detail::run_double_buffered(n, chunk, ops);
   bytes_staged_ += n * esize;

@@ -95,8 +95,7 @@ class GradStreamAccumulator {
   Options opts_;
   std::size_t slot_bytes_ = 0;
   std::shared_ptr<alloc::tiered_allocator> alloc_;
-  alloc::unique_block slot_mem_[2];
-  void* slots_[2] = {nullptr, nullptr};
+  alloc::unique_block slots_[2];  // host staging (pinned on PCIe)
   CUstream_st* copy_stream_ = nullptr;
   CUevent_st* copied_[2] = {nullptr, nullptr};
   CUevent_st* produced_ = nullptr;

@@ -107,10 +107,12 @@ namespace {
 std::size_t dma_chunk_params(std::size_t largest_region) {
   return std::min(kDmaChunk, (largest_region + 63) / 64 * 64);
 }
+// HBM of the slots for chunks of `chunk` parameters: master, m and v per slot.
+std::size_t dma_slots_bytes(std::size_t chunk) { return sizeof(float) * 3 * kDmaSlots * chunk; }
 }  // namespace
 
 std::size_t dma_slot_bytes(std::size_t largest_region) {
-  return sizeof(float) * 3 * kDmaSlots * dma_chunk_params(largest_region);
+  return dma_slots_bytes(dma_chunk_params(largest_region));
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------
@@ -153,7 +155,6 @@ struct AdamW::Impl {
   CUevent_st* step_barrier = nullptr;
   alloc::unique_block dma_mem;      // (kDmaSlots, 3, dma_chunk) fp32, HBM
   std::size_t dma_chunk = kDmaChunk;  // parameters per slot: kDmaChunk, or the largest region
-  float* dma_slots = nullptr;
   CUevent_st* dma_in[kDmaSlots] = {};
   CUevent_st* dma_updated[kDmaSlots] = {};
   CUevent_st* dma_free[kDmaSlots] = {};
@@ -161,8 +162,7 @@ struct AdamW::Impl {
 #ifdef GHT_HAVE_CUDA
   std::unique_ptr<DeviceSumsq> sumsq;
 #endif
-  alloc::unique_block staging_mem[2];  // host (pinned where the link needs it)
-  void* staging[2] = {nullptr, nullptr};
+  alloc::unique_block staging[2];  // host (pinned where the link needs it)
   CUevent_st* grad_ready[2] = {nullptr, nullptr};
   CUevent_st* weight_sent[2] = {nullptr, nullptr};
 
@@ -171,8 +171,7 @@ struct AdamW::Impl {
     std::size_t region = 0, chunk = 0, off = 0, count = 0;
     float* save = nullptr;  // master, m, v (spec_pad(count) floats each), then count bf16
   };
-  alloc::unique_block spec_mem;
-  unsigned char* spec_arena = nullptr;
+  alloc::unique_block spec_arena;
   std::size_t spec_cap = 0, spec_used = 0;
   std::vector<SpecChunk> spec;
   double spec_lr = 0;
@@ -207,19 +206,14 @@ struct AdamW::Impl {
       }
     }
     dma_mem.reset();
-    dma_slots = nullptr;
-    spec_mem.reset();
-    spec_arena = nullptr;
+    spec_arena.reset();
     sumsq.reset();  // its partials are freed on `norm`: before the stream goes
     for (CUstream_st* s : {link, down, up, norm}) {
       if (s != nullptr) (void)cudaStreamDestroy(s);
     }
     link = down = up = norm = nullptr;
 #endif
-    for (int i = 0; i < 2; ++i) {
-      staging_mem[i].reset();
-      staging[i] = nullptr;
-    }
+    for (alloc::unique_block& s : staging) s.reset();
     for (RegionState& rs : regions) {
       for (alloc::unique_block& m : rs.mem) m.reset();
     }
@@ -289,10 +283,9 @@ struct AdamW::Impl {
 
   void ensure_dma() {
 #ifdef GHT_HAVE_CUDA
-    if (dma_slots != nullptr) return;
-    const std::size_t bytes = sizeof(float) * 3 * dma_chunk * kDmaSlots;  // dma_slot_bytes()
-    dma_mem = alloc::unique_block(*alloc, bytes, {TensorClass::other, "optimizer.dma_slots", TierKind::hbm, false});
-    dma_slots = dma_mem.as<float>();
+    if (dma_mem) return;
+    dma_mem = alloc::unique_block(*alloc, dma_slots_bytes(dma_chunk),
+                                  {TensorClass::other, "optimizer.dma_slots", TierKind::hbm, false});
     for (int i = 0; i < kDmaSlots; ++i) {
       dma_in[i] = new_event();
       dma_updated[i] = new_event();
@@ -302,21 +295,19 @@ struct AdamW::Impl {
   }
 
   void ensure_staging() {
-    if (staging[0] != nullptr) return;
-    for (int i = 0; i < 2; ++i) {
-      staging_mem[i] = alloc::unique_block(*alloc, staging_bytes,
-                                           {TensorClass::other, "optimizer.staging", TierKind::host, false});
-      staging[i] = staging_mem[i].get();
+    if (staging[0]) return;
+    for (alloc::unique_block& s : staging) {
+      s = alloc::unique_block(*alloc, staging_bytes, {TensorClass::other, "optimizer.staging", TierKind::host, false});
     }
     for (CUevent_st*& e : grad_ready) e = new_event();
     for (CUevent_st*& e : weight_sent) e = new_event();
   }
 
   // Layout of a staging slot for the cpu path: gradients first, bf16 weights after.
-  unsigned char* slot_grad(int slot) { return static_cast<unsigned char*>(staging[slot]); }
+  unsigned char* slot_grad(int slot) { return staging[slot].as<unsigned char>(); }
   bf16* slot_weight(const RegionState& rs, int slot) {
     const std::size_t gbytes = rs.chunk * grad_type_size(rs.desc.grad_type);
-    return reinterpret_cast<bf16*>(static_cast<unsigned char*>(staging[slot]) + (gbytes + 63) / 64 * 64);
+    return reinterpret_cast<bf16*>(staging[slot].as<unsigned char>() + (gbytes + 63) / 64 * 64);
   }
 
   AdamWSpan span(const RegionState& rs, std::size_t off, std::size_t count, bool device) const {
@@ -362,7 +353,7 @@ struct AdamW::Impl {
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const std::size_t off = c * rs.chunk, count = std::min(rs.chunk, rs.desc.n - off);
       const unsigned slot = dma_next++ % kDmaSlots;
-      float* base = dma_slots + static_cast<std::size_t>(slot) * 3 * dma_chunk;
+      float* base = dma_mem.as<float>() + static_cast<std::size_t>(slot) * 3 * dma_chunk;
       GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
       for (int i = 0; i < 3; ++i) {
         GHT_CUDA_TRY(cudaMemcpyAsync(base + i * dma_chunk, static_cast<float*>(rs.st[i].host) + off,
@@ -417,7 +408,7 @@ struct AdamW::Impl {
     sc.chunk = c;
     sc.off = c * rs.chunk;
     sc.count = std::min(rs.chunk, rs.desc.n - sc.off);
-    sc.save = reinterpret_cast<float*>(spec_arena + spec_used);
+    sc.save = reinterpret_cast<float*>(spec_arena.as<unsigned char>() + spec_used);
     spec_used += spec_bytes(sc.count);
     const std::size_t pad = spec_pad(sc.count), bytes = sc.count * sizeof(float);
     const float* src[3] = {master, m, v};
@@ -494,11 +485,10 @@ struct AdamW::Impl {
     want = std::min<std::size_t>(want, alloc->report(TierKind::hbm).largest_free);
     if (want < (std::size_t{1} << 20)) return;
     try {
-      spec_mem = alloc::unique_block(*alloc, want, {TensorClass::other, "optimizer.speculation", TierKind::hbm, false});
+      spec_arena = alloc::unique_block(*alloc, want, {TensorClass::other, "optimizer.speculation", TierKind::hbm, false});
     } catch (const ght::out_of_memory&) {
       return;  // speculation is an optimisation: run without it
     }
-    spec_arena = spec_mem.as<unsigned char>();
     spec_cap = want;
 #endif
   }

@@ -232,18 +232,15 @@ void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
 
 DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream) {
   blocks_ = sm_count() * kSumsqBlocksPerSm;
-  partials_mem_ = alloc::unique_block(a, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
-                                      {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false}, stream);
-  result_mem_ = alloc::unique_block(a, sizeof(double),
-                                    {TensorClass::other, "optimizer.norm_result", TierKind::host, false});
-  partials_ = partials_mem_.as<double>();
-  result_ = result_mem_.as<double>();
+  partials_ = alloc::unique_block(a, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
+                                  {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false}, stream);
+  result_ = alloc::unique_block(a, sizeof(double), {TensorClass::other, "optimizer.norm_result", TierKind::host, false});
 }
 
 DeviceSumsq::~DeviceSumsq() = default;
 
 void DeviceSumsq::reset(cudaStream_t stream) {
-  GHT_CUDA_TRY(cudaMemsetAsync(partials_, 0, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
+  GHT_CUDA_TRY(cudaMemsetAsync(partials_.get(), 0, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
                                stream));
 }
 
@@ -253,21 +250,21 @@ void DeviceSumsq::add(const void* grad, GradType t, std::size_t n, cudaStream_t 
   const bool vec = aligned16(grad);
   if (t == GradType::bf16) {
     sumsq_kernel<std::uint16_t><<<blocks_, kThreads, 0, stream>>>(
-        static_cast<const std::uint16_t*>(grad), n, vec, partials_);
+        static_cast<const std::uint16_t*>(grad), n, vec, partials_.as<double>());
   } else {
     sumsq_kernel<float><<<blocks_, kThreads, 0, stream>>>(static_cast<const float*>(grad), n, vec,
-                                                          partials_);
+                                                          partials_.as<double>());
   }
   GHT_CUDA_CHECK_LAUNCH();
 }
 
 double DeviceSumsq::finish(cudaStream_t stream) {
-  sum_partials_kernel<<<1, 1, 0, stream>>>(partials_, blocks_);
+  sum_partials_kernel<<<1, 1, 0, stream>>>(partials_.as<double>(), blocks_);
   GHT_CUDA_CHECK_LAUNCH();
-  GHT_CUDA_TRY(cudaMemcpyAsync(result_, partials_ + blocks_, sizeof(double),
+  GHT_CUDA_TRY(cudaMemcpyAsync(result_.get(), partials_.as<double>() + blocks_, sizeof(double),
                                cudaMemcpyDeviceToHost, stream));
   GHT_CUDA_TRY(cudaStreamSynchronize(stream));
-  return *result_;
+  return *result_.as<double>();
 }
 
 }  // namespace ght::optimizer

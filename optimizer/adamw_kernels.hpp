@@ -126,9 +126,8 @@ class DeviceSumsq {
 
  private:
   int blocks_ = 0;
-  alloc::unique_block partials_mem_, result_mem_;
-  double* partials_ = nullptr;  ///< (blocks_ + 1) device
-  double* result_ = nullptr;    ///< (1) host (pinned on PCIe), written by the final kernel
+  alloc::unique_block partials_;  ///< (blocks_ + 1) doubles, device
+  alloc::unique_block result_;    ///< one double, host (pinned on PCIe), written by the final kernel
 };
 #endif
 

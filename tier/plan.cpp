@@ -64,6 +64,34 @@ bool is_state(TensorClass c) {
   return c == TensorClass::master || c == TensorClass::adam_m || c == TensorClass::adam_v;
 }
 
+// Placements that switch on a fixed cost, counted over a whole placement: any streamed gradient
+// needs the pinned stream staging (host), any master/m/v on the host the optimizer's dma slots
+// (HBM), any recomputed layer the shared recompute scratch (HBM). Without a GPU none applies.
+struct FixedCosts {
+  std::int64_t streamed = 0, state_on_host = 0, recomputed = 0;
+  /// sign +1 counts region r placed at p, -1 takes it back (a move).
+  void count(const Region& r, const Placement& p, int sign) {
+    if (p.tier == TierKind::host && r.cls == TensorClass::grad) streamed += sign;
+    if (p.tier == TierKind::host && is_state(r.cls)) state_on_host += sign;
+    if (p.tier == TierKind::hbm && p.mode == Mode::recompute) recomputed += sign;
+  }
+  [[nodiscard]] std::uint64_t hbm(const PlanOptions& o) const {
+    if (o.link.kind == LinkKind::none) return 0;
+    return (state_on_host > 0 ? o.host_state_hbm_bytes : 0) + (recomputed > 0 ? o.recompute_scratch_bytes : 0);
+  }
+  [[nodiscard]] std::uint64_t host(const PlanOptions& o) const {
+    // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
+    // bf16 gradient it copies from is the region's hbm_bytes_on_host.
+    return o.link.kind != LinkKind::none && streamed > 0 ? o.stream_staging_bytes : 0;
+  }
+};
+
+// HBM a region holds at placement p: none without a GPU, where every region lives in host memory
+// (the bf16 buffer of a streamed gradient exists only on a GPU machine).
+std::uint64_t placed_hbm_bytes(const Region& r, const Placement& p, const PlanOptions& o) {
+  return o.link.kind == LinkKind::none ? 0 : hbm_bytes(r, p);
+}
+
 bool finite_nonneg(double v) { return std::isfinite(v) && v >= 0; }
 
 void check_access(const Region& r, const std::vector<Access>& list, const char* field) {
@@ -276,24 +304,19 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
                         const std::vector<Placement>& choice, const PlanOptions& options) {
   Load total = cm.zero(), opt = cm.zero();
   Prediction p;
-  bool streams = false, state_on_host = false, recomputes = false;
+  FixedCosts fixed;
   const bool no_gpu = options.link.kind == LinkKind::none;
   for (std::size_t i = 0; i < regions.size(); ++i) {
     if (!no_gpu) {  // without a GPU nothing crosses a link: the CPU works in place
       total.add(cm.load(regions[i], choice[i]));
       opt.add(cm.load(regions[i], choice[i], "optimizer"));
     }
-    p.hbm_bytes += no_gpu ? 0 : hbm_bytes(regions[i], choice[i]);  // no GPU: nothing is in HBM
+    p.hbm_bytes += placed_hbm_bytes(regions[i], choice[i], options);
     p.host_bytes += host_bytes(regions[i], choice[i]);
-    streams |= regions[i].cls == TensorClass::grad && choice[i].tier == TierKind::host;
-    state_on_host |= is_state(regions[i].cls) && choice[i].tier == TierKind::host;
-    recomputes |= choice[i].tier == TierKind::hbm && choice[i].mode == Mode::recompute;
+    fixed.count(regions[i], choice[i], +1);
   }
-  if (state_on_host && !no_gpu) p.hbm_bytes += options.host_state_hbm_bytes;
-  if (recomputes && !no_gpu) p.hbm_bytes += options.recompute_scratch_bytes;
-  // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
-  // bf16 gradient it copies from is the region's hbm_bytes_on_host.
-  if (streams && !no_gpu) p.host_bytes += options.stream_staging_bytes;
+  p.hbm_bytes += fixed.hbm(options);
+  p.host_bytes += fixed.host(options);
   const StepTime t = cm.evaluate(total);
   p.h2d_bytes = t.h2d_bytes;
   p.d2h_bytes = t.d2h_bytes;
@@ -393,9 +416,7 @@ void hull_moves(const Candidates& c, std::size_t region, int v, std::vector<Move
 struct Totals {
   Load load;
   std::uint64_t hbm = 0, host = 0;
-  std::size_t grads_on_host = 0;
-  std::size_t state_on_host = 0;  // master/m/v regions on the host
-  std::size_t recomputed = 0;      // activation regions recomputed in backward
+  FixedCosts fixed;
 };
 
 struct Best {
@@ -470,7 +491,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
       Load l = cm.load(r, p);
       const double total = cm.total_seconds(l);
       c.loads.push_back(std::move(l));
-      c.hbm.push_back(no_gpu ? 0 : hbm_bytes(r, p));
+      c.hbm.push_back(placed_hbm_bytes(r, p, options));
       c.host.push_back(host_bytes(r, p));
       c.score.push_back({clamp_score(total), clamp_score(cm.serial_seconds(c.loads.back())) + 1e-3 * clamp_score(total),
                          clamp_score(cm.unhidable_seconds(c.loads.back())) + 1e-3 * clamp_score(total)});
@@ -515,18 +536,11 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
     base.load.add(c.loads[c.start]);
     base.hbm += c.hbm[c.start];
     base.host += c.host[c.start];
-    if (regions[i].cls == TensorClass::grad && c.opts[c.start].tier == TierKind::host) ++base.grads_on_host;
-    if (is_state(regions[i].cls) && c.opts[c.start].tier == TierKind::host) ++base.state_on_host;
-    if (c.opts[c.start].tier == TierKind::hbm && c.opts[c.start].mode == Mode::recompute) ++base.recomputed;
+    base.fixed.count(regions[i], c.opts[c.start], +1);
   }
   const Budgets& B = options.budgets;
-  const std::uint64_t staging = no_gpu ? 0 : options.stream_staging_bytes;
-  const std::uint64_t state_slots = no_gpu ? 0 : options.host_state_hbm_bytes;
-  const std::uint64_t rc_scratch = no_gpu ? 0 : options.recompute_scratch_bytes;
-  auto eff_hbm = [&](const Totals& t) {
-    return t.hbm + (t.state_on_host ? state_slots : 0) + (t.recomputed ? rc_scratch : 0);
-  };
-  auto eff_host = [&](const Totals& t) { return t.host + (t.grads_on_host ? staging : 0); };
+  auto eff_hbm = [&](const Totals& t) { return t.hbm + t.fixed.hbm(options); };
+  auto eff_host = [&](const Totals& t) { return t.host + t.fixed.host(options); };
 
   // ---- candidate orders and their prefixes
   // A prefix stops at the first move that does not fit, so one large region can strand HBM.
@@ -590,22 +604,8 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
       t.load.add(c.loads[m.from], -1.0);
       t.hbm += c.hbm[m.to] - c.hbm[m.from];
       t.host = t.host + c.host[m.to] - c.host[m.from];
-      if (regions[m.region].cls == TensorClass::grad) {
-        const bool was = c.opts[m.from].tier == TierKind::host, now = c.opts[m.to].tier == TierKind::host;
-        if (was && !now) --t.grads_on_host;
-        if (!was && now) ++t.grads_on_host;
-      }
-      if (is_state(regions[m.region].cls)) {
-        const bool was = c.opts[m.from].tier == TierKind::host, now = c.opts[m.to].tier == TierKind::host;
-        if (was && !now) --t.state_on_host;
-        if (!was && now) ++t.state_on_host;
-      }
-      {
-        auto rc = [](const Placement& pl) { return pl.tier == TierKind::hbm && pl.mode == Mode::recompute; };
-        const bool was = rc(c.opts[m.from]), now = rc(c.opts[m.to]);
-        if (was && !now) --t.recomputed;
-        if (!was && now) ++t.recomputed;
-      }
+      t.fixed.count(regions[m.region], c.opts[m.from], -1);
+      t.fixed.count(regions[m.region], c.opts[m.to], +1);
     }
   }
   if (!best.found) {

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "optimizer/adamw.hpp"
@@ -11,6 +10,7 @@
 #include "tier/error.hpp"
 #include "tier/log.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/file_io.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/signals.hpp"
 
@@ -183,12 +183,7 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
   // The resolved configuration, for people and tools that look in the run directory (it is also
   // in log.jsonl's config record and in each checkpoint).
   if (leader()) {
-    const fs::path path = fs::path(cfg.out) / "config.json";
-    const fs::path tmp = fs::path(cfg.out) / ".config.json.tmp";
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o || !(o << cfg.to_json().dump(2) << "\n") || !o.flush()) throw io_error(tmp.string() + ": cannot write");
-    o.close();
-    fs::rename(tmp, path);
+    fileio::atomic_write((fs::path(cfg.out) / "config.json").string(), cfg.to_json().dump(2) + "\n");
   }
 
   const double needed = static_cast<double>(cfg.steps) * static_cast<double>(tokens_per_step());

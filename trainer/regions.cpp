@@ -154,13 +154,21 @@ ActivationSizes activation_sizes(const ModelConfig& c) {
   // weight; tokens, targets, positions; the LM-head chunk (bf16 logits of up to 256 MiB); the
   // loss read-back slots (63) and the router losses.
   const std::uint64_t shared_per_token = 2 * 5 * d + 4 + 2 * HD + 2 * QKV + 2 * QK + K * (2 * d + 2 * 3 * F + 4) + 3 * 4;
-  std::uint64_t ce_rows = std::max<std::uint64_t>(1, (std::uint64_t{256} << 20) / (2 * V));
-  if (ce_rows >= 64) ce_rows = ce_rows / 64 * 64;
-  ce_rows = std::min(ce_rows, N);
+  const auto ce_rows = std::min(static_cast<std::uint64_t>(default_ce_chunk_rows(c.vocab)), N);
   const std::uint64_t ce = (ce_rows * V * 2 + 255) / 256 * 256;
-  const std::uint64_t slots = (8 + 8 * L + 255) / 256 * 256 * 63 + 8 * L;
+  const std::uint64_t slots = cuda_loss_slot_bytes(c.layers) * kCudaLossSlots + 8 * L;
   s.workspace = shared_per_token * N + ce + slots;
   return s;
+}
+
+std::size_t cuda_loss_slot_bytes(int layers) {
+  return (8 + 8 * static_cast<std::size_t>(layers) + 255) / 256 * 256;  // ce, valid; aux, z per layer
+}
+
+std::int64_t default_ce_chunk_rows(std::int64_t vocab) {
+  std::int64_t rows = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / (2 * vocab));
+  if (rows >= 64) rows = rows / 64 * 64;
+  return rows;
 }
 
 std::string plan_group_of(std::string_view tensor) {

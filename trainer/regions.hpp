@@ -54,6 +54,14 @@ struct ActivationSizes {
 [[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg,
                                                       const Routing& routing = {});
 
+/// The CUDA model's fixed buffer sizes, shared by the model (trainer/cuda/model_cuda.cpp) and
+/// activation_sizes(): its loss read-back slots, and the rows of its LM-head/CE chunk when
+/// CudaModelOptions::ce_chunk_rows is 0 (as many as fit a 256 MiB bf16 logits chunk, a multiple
+/// of 64 when that many fit).
+inline constexpr int kCudaLossSlots = 64;
+[[nodiscard]] std::size_t cuda_loss_slot_bytes(int layers);
+[[nodiscard]] std::int64_t default_ce_chunk_rows(std::int64_t vocab);
+
 /// The plan group of a parameter tensor ("model.layers.3.mlp.experts.7.up_proj.weight" ->
 /// "layer3.expert7", "model.embed_tokens.weight" -> "embed"), and its region for a class
 /// ("layer3.expert7.master"): how a tensor-named allocation finds its plan decision.

@@ -6,6 +6,7 @@
  */
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tier/config.hpp"
@@ -26,6 +27,22 @@ class Env {
   }
   std::vector<std::string> vars_;
   std::vector<char*> ptrs_;
+};
+
+/// Sets one GHT_* option of the process-wide registry as a flag for a scope, and puts its
+/// previous value back when the scope ends (a failed assertion included).
+class ScopedFlag {
+ public:
+  ScopedFlag(std::string name, const std::string& value)
+      : name_(std::move(name)), saved_(config::cfg().text(config::find_option(name_)->key)) {
+    config::cfg().set_flag(name_, value);
+  }
+  ~ScopedFlag() { config::cfg().set_flag(name_, saved_); }
+  ScopedFlag(const ScopedFlag&) = delete;
+  ScopedFlag& operator=(const ScopedFlag&) = delete;
+
+ private:
+  std::string name_, saved_;
 };
 
 /// A registry loaded from exactly these variables (the process environment is not read).

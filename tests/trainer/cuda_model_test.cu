@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "common/registry.hpp"
 #include "optimizer/bf16.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -490,12 +491,9 @@ TEST(CudaTrain, SpeculativeUpdatesDuringBackwardChangeNothing) {
   TrainRunOptions run;
   run.quiet = true;
   run.profile_steps = 6;
-  auto& reg = config::cfg();
-  const std::string saved_spec = reg.text(config::Key::GHT_OPT_SPECULATE);
-  const std::string saved_opt = reg.text(config::Key::GHT_OPTIMIZER);
-  reg.set_flag("GHT_OPTIMIZER", "gpu_link");  // host state: the path that speculates
+  const ght::test::ScopedFlag host_state("GHT_OPTIMIZER", "gpu_link");  // the path that speculates
   auto train_with = [&](const std::string& name, const std::string& spec, double max_norm) {
-    reg.set_flag("GHT_OPT_SPECULATE", spec);
+    const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE", spec);
     TrainConfig c = small_run_config(tmp.str("data"), tmp.str(name));
     c.backend = "cuda";
     c.adam.max_grad_norm = max_norm;
@@ -505,8 +503,6 @@ TEST(CudaTrain, SpeculativeUpdatesDuringBackwardChangeNothing) {
   const RunLog off = train_with("off", "0", 0.0);
   const RunLog on = train_with("on", "64MiB", 0.0);
   const RunLog clipped = train_with("clipped", "64MiB", 1e-3);
-  reg.set_flag("GHT_OPT_SPECULATE", saved_spec);
-  reg.set_flag("GHT_OPTIMIZER", saved_opt);
 
   ASSERT_EQ(on.loss.size(), 6u);
   for (const auto& [step, loss] : off.loss) {

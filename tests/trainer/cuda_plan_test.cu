@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/gpu.hpp"
+#include "common/registry.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "trainer/cuda/train_cuda.hpp"
@@ -18,24 +19,10 @@
 namespace ght::trainer {
 namespace {
 
+using ght::test::ScopedFlag;
 using test::small_run_config;
 using test::TempDir;
 using test::write_random_corpus;
-
-// Sets GHT_* flags for one scope and puts the previous values back.
-class ScopedFlags {
- public:
-  ScopedFlags(const char* name, config::Key key, const std::string& value) {
-    saved_.emplace_back(name, config::cfg().text(key));
-    config::cfg().set_flag(name, value);
-  }
-  ~ScopedFlags() {
-    for (const auto& [name, value] : saved_) config::cfg().set_flag(name, value);
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> saved_;
-};
 
 nlohmann::json placement_of(const std::string& run_dir) {
   std::ifstream pf(run_dir + "/profile.json");
@@ -92,7 +79,7 @@ TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
   const auto state = all.at("state_hbm_bytes").get<std::uint64_t>();
   const std::uint64_t budget = all_hbm - state / 2;
   {
-    ScopedFlags f("GHT_HBM_BUDGET", config::Key::GHT_HBM_BUDGET, std::to_string(budget));
+    const ScopedFlag f("GHT_HBM_BUDGET", std::to_string(budget));
     (void)train_cuda(plan_run(tmp, "half"), profiled());
   }
   const nlohmann::json pl = placement_of(tmp.str("half"));
@@ -119,7 +106,7 @@ TEST(CudaTrainPlan, BudgetNothingFitsInIsATypedErrorNamingTheVariable) {
   GHT_REQUIRE_GPU();
   TempDir tmp;
   write_random_corpus(tmp.str("data"));
-  ScopedFlags f("GHT_HBM_BUDGET", config::Key::GHT_HBM_BUDGET, "64KiB");
+  const ScopedFlag f("GHT_HBM_BUDGET", "64KiB");
   try {
     (void)train_cuda(plan_run(tmp, "oom"), profiled());
     FAIL() << "a 64 KiB HBM budget trained";

@@ -2,6 +2,7 @@
 // from kernels/cuda, so this file is plain C++ (OpenMP for the host-side conversions).
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/detail/normal_rng.hpp"
+#include "trainer/regions.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -158,8 +159,8 @@ struct Acts {
   std::vector<std::int32_t> host_offsets;  // (E+1) when the expert GEMMs need them on the host
 };
 
-// Loss slot layout (device and pinned host): ce (f32), valid (i32), then L router losses.
-constexpr int kLossSlots = 64;
+// Loss slot layout (device and pinned host; kCudaLossSlots of cuda_loss_slot_bytes(L) each):
+// ce (f32), valid (i32), then L router losses.
 
 template <class T>
 T* as(void* p) {
@@ -226,9 +227,8 @@ struct CudaMoEModel::Impl {
 
   std::size_t slot_bytes = 0;
   char* slot_dev = nullptr;
-  alloc::unique_block slot_host_mem;  // host (pinned on PCIe): loss read-back
-  char* slot_host = nullptr;
-  cudaEvent_t slot_event[kLossSlots] = {};
+  alloc::unique_block slot_host;  // host (pinned on PCIe): loss read-back
+  cudaEvent_t slot_event[kCudaLossSlots] = {};
 
   int B = 0, T = 0;
   bool has_forward = false;
@@ -245,8 +245,7 @@ struct CudaMoEModel::Impl {
       if (e != nullptr) (void)cudaEventDestroy(e);
       e = nullptr;
     }
-    slot_host_mem.reset();
-    slot_host = nullptr;
+    slot_host.reset();
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
     stream = nullptr;
   }
@@ -370,11 +369,10 @@ struct CudaMoEModel::Impl {
     GHT_CUDA_TRY(cudaMemsetAsync(W, 0, n * sizeof(bf16), stream));
     GHT_CUDA_TRY(cudaMemsetAsync(G, 0, n * optimizer::grad_type_size(opts.grad_type), stream));
 
-    slot_bytes = (8 + 8 * static_cast<std::size_t>(L) + 255) / 256 * 256;
-    slot_dev = as<char>(alloc(slot_bytes * kLossSlots, kWork, "loss slots"));
-    slot_host_mem = alloc::unique_block(*allocator, slot_bytes * kLossSlots,
-                                        {TensorClass::other, "model.loss_slots_host", TierKind::host, false});
-    slot_host = slot_host_mem.as<char>();
+    slot_bytes = cuda_loss_slot_bytes(static_cast<int>(L));
+    slot_dev = as<char>(alloc(slot_bytes * kCudaLossSlots, kWork, "loss slots"));
+    slot_host = alloc::unique_block(*allocator, slot_bytes * kCudaLossSlots,
+                                    {TensorClass::other, "model.loss_slots_host", TierKind::host, false});
     for (cudaEvent_t& e : slot_event) GHT_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     scratch_losses = as<kc::RouterLossesDevice>(
         alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));
@@ -442,8 +440,7 @@ struct CudaMoEModel::Impl {
     if (opts.ce_chunk_rows > 0) {
       ce_chunk = opts.ce_chunk_rows;
     } else {
-      ce_chunk = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / (2 * V));
-      if (ce_chunk >= 64) ce_chunk = ce_chunk / 64 * 64;
+      ce_chunk = default_ce_chunk_rows(V);
     }
     ce_chunk = std::min(ce_chunk, N);
     ce_ws_bytes = kc::lm_head_ce_workspace_bytes(ce_chunk, static_cast<int>(V));
@@ -759,10 +756,10 @@ struct CudaMoEModel::Impl {
 
   // ---- loss slots ----
   char* slot_d(int s) { return slot_dev + static_cast<std::size_t>(s) * slot_bytes; }
-  char* slot_h(int s) { return slot_host + static_cast<std::size_t>(s) * slot_bytes; }
+  char* slot_h(int s) { return slot_host.as<char>() + static_cast<std::size_t>(s) * slot_bytes; }
   static void check_slot(int s) {
-    GHT_EXPECTS(s >= 0 && s < kLossSlots, "CudaMoEModel: loss slot " + std::to_string(s) +
-                                              " outside [0, " + std::to_string(kLossSlots) + ")");
+    GHT_EXPECTS(s >= 0 && s < kCudaLossSlots, "CudaMoEModel: loss slot " + std::to_string(s) +
+                                              " outside [0, " + std::to_string(kCudaLossSlots) + ")");
   }
 
   void run_forward(const std::int32_t* tok, const std::int32_t* tgt, int B_, int T_, int slot,
@@ -961,8 +958,8 @@ void CudaMoEModel::zero_grad() {
 }
 
 Loss CudaMoEModel::forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T) {
-  forward_async(tokens, targets, B, T, kLossSlots - 1);
-  return collect_loss(kLossSlots - 1);
+  forward_async(tokens, targets, B, T, kCudaLossSlots - 1);
+  return collect_loss(kCudaLossSlots - 1);
 }
 
 void CudaMoEModel::backward(float loss_scale) {
@@ -971,8 +968,8 @@ void CudaMoEModel::backward(float loss_scale) {
 
 Loss CudaMoEModel::forward_backward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                                     float loss_scale) {
-  forward_backward_async(tokens, targets, B, T, loss_scale, kLossSlots - 1);
-  return collect_loss(kLossSlots - 1);
+  forward_backward_async(tokens, targets, B, T, loss_scale, kCudaLossSlots - 1);
+  return collect_loss(kCudaLossSlots - 1);
 }
 
 void CudaMoEModel::forward_async(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -32,6 +31,7 @@
 #include "trainer/checkpoint.hpp"
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/data.hpp"
+#include "trainer/file_io.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/regions.hpp"
@@ -159,14 +159,6 @@ std::string fmt(const char* f, double a) {
   return b;
 }
 
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-    if (!o || !(o << text) || !o.flush()) throw ght::io_error(tmp + ": cannot write");
-  }
-  fs::rename(tmp, path);
-}
 
 // ---- the backend ---------------------------------------------------------------------------
 
@@ -555,8 +547,9 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   speculate_now_ = opt_->speculate_capacity() > 0 && !stream_grads_ && opt_->stats().last_clip_coef == 1.0;
   Batch b;
   double loss = 0, aux = 0;
-  // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63).
-  constexpr int kSlots = 63;
+  // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63). The
+  // model's last slot is its own forward()'s (eval).
+  constexpr int kSlots = kCudaLossSlots - 1;
   auto add_loss = [&](int m) {
     const Loss l = model_->collect_loss(m % kSlots);
     loss += l.ce / A;
@@ -754,7 +747,7 @@ void CudaRun::write_profile() {
                                       {"speculated_params", median(spec)}};
   j["steps"] = steps;
   fs::create_directories(cfg_.out);
-  write_text_atomic((fs::path(cfg_.out) / "profile.json").string(), j.dump(2) + "\n");
+  fileio::atomic_write((fs::path(cfg_.out) / "profile.json").string(), j.dump(2) + "\n");
 }
 
 std::string CudaRun::stats_report() const {
