@@ -44,7 +44,7 @@ namespace {
 using test::read_log;
 using test::RunLog;
 using test::small_run_config;
-using test::TempDir;
+using ght::test::TempDir;
 using test::write_random_corpus;
 
 ModelConfig test_config(int top_k) {
@@ -405,15 +405,15 @@ TEST(CudaModel, RejectsBadInputs) {
 // The CUDA loop against the CPU loop on the same config, seed and data; then exact-position resume.
 TEST(CudaTrain, TracksCpuLoopAndResumes) {
   GHT_REQUIRE_GPU();
-  TempDir tmp;
-  write_random_corpus(tmp.str("data"));
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
   TrainRunOptions quiet;
   quiet.quiet = true;
 
-  TrainConfig cpu_cfg = small_run_config(tmp.str("data"), tmp.str("cpu"));
+  TrainConfig cpu_cfg = small_run_config(tmp / "data", tmp / "cpu");
   cpu_cfg.backend = "cpu";
   (void)train(cpu_cfg, quiet);
-  TrainConfig gpu_cfg = small_run_config(tmp.str("data"), tmp.str("gpu"));
+  TrainConfig gpu_cfg = small_run_config(tmp / "data", tmp / "gpu");
   gpu_cfg.backend = "cuda";
   TrainRunOptions profiled = quiet;
   profiled.profile_steps = 4;  // of 6: the file holds exactly the first 4
@@ -422,7 +422,7 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
   EXPECT_EQ(sg.last_step, 6);
   EXPECT_FALSE(sg.last_checkpoint.empty());
   {
-    std::ifstream pf(tmp.str("gpu/profile.json"));
+    std::ifstream pf(tmp / "gpu/profile.json");
     ASSERT_TRUE(pf.good()) << "--profile-steps 4 wrote no profile.json";
     const auto pj = nlohmann::json::parse(pf);
     ASSERT_EQ(pj.at("steps").size(), 4u);
@@ -434,7 +434,7 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
     }
   }
 
-  const RunLog lc = read_log(tmp.str("cpu")), lg = read_log(tmp.str("gpu"));
+  const RunLog lc = read_log(tmp / "cpu"), lg = read_log(tmp / "gpu");
   ASSERT_EQ(lg.loss.size(), 6u);
   for (const auto& [step, loss] : lc.loss) {
     ASSERT_TRUE(lg.loss.count(step)) << "step " << step;
@@ -449,7 +449,7 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
 
   // Stop at 3 (with a checkpoint), resume to 6: same data position and optimizer state, so the
   // losses repeat those of the uninterrupted run (up to cuDNN's atomic dQ accumulation).
-  TrainConfig res_cfg = small_run_config(tmp.str("data"), tmp.str("resumed"));
+  TrainConfig res_cfg = small_run_config(tmp / "data", tmp / "resumed");
   TrainRunOptions first = quiet;
   first.stop_at = 3;
   (void)train_cuda(res_cfg, first);
@@ -458,7 +458,7 @@ TEST(CudaTrain, TracksCpuLoopAndResumes) {
   const TrainSummary sr = train_cuda(res_cfg, second);
   EXPECT_EQ(sr.first_step, 3);
   EXPECT_EQ(sr.last_step, 6);
-  const RunLog lr = read_log(tmp.str("resumed"));
+  const RunLog lr = read_log(tmp / "resumed");
   for (std::int64_t step = 1; step <= 6; ++step) {
     ASSERT_TRUE(lr.loss.count(step)) << "step " << step;
     EXPECT_NEAR(lr.loss.at(step), lg.loss.at(step), 1e-3 * lg.loss.at(step)) << "step " << step;
@@ -486,19 +486,19 @@ std::map<std::int64_t, std::pair<std::size_t, bool>> read_speculation(const std:
 // speculation; with clipping on every step, the first step's is undone and no more are tried.
 TEST(CudaTrain, SpeculativeUpdatesDuringBackwardChangeNothing) {
   GHT_REQUIRE_GPU();
-  TempDir tmp;
-  write_random_corpus(tmp.str("data"));
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
   TrainRunOptions run;
   run.quiet = true;
   run.profile_steps = 6;
   const ght::test::ScopedFlag host_state("GHT_OPTIMIZER", "gpu_link");  // the path that speculates
   auto train_with = [&](const std::string& name, const std::string& spec, double max_norm) {
     const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE", spec);
-    TrainConfig c = small_run_config(tmp.str("data"), tmp.str(name));
+    TrainConfig c = small_run_config(tmp / "data", tmp / name);
     c.backend = "cuda";
     c.adam.max_grad_norm = max_norm;
     (void)train_cuda(c, run);
-    return read_log(tmp.str(name));
+    return read_log(tmp / name);
   };
   const RunLog off = train_with("off", "0", 0.0);
   const RunLog on = train_with("on", "64MiB", 0.0);
@@ -510,8 +510,8 @@ TEST(CudaTrain, SpeculativeUpdatesDuringBackwardChangeNothing) {
     // Bitwise-equal updates; the losses still differ by cuDNN's atomic dQ accumulation.
     EXPECT_NEAR(on.loss.at(step), loss, 1e-3 * loss) << "step " << step;
   }
-  const auto spec_on = read_speculation(tmp.str("on")), spec_off = read_speculation(tmp.str("off"));
-  const auto spec_clipped = read_speculation(tmp.str("clipped"));
+  const auto spec_on = read_speculation(tmp / "on"), spec_off = read_speculation(tmp / "off");
+  const auto spec_clipped = read_speculation(tmp / "clipped");
   ASSERT_EQ(spec_on.size(), 6u);
   for (const auto& [step, sp] : spec_on) {
     EXPECT_GT(sp.first, 0u) << "step " << step << ": nothing was speculated";

@@ -21,7 +21,7 @@ namespace {
 
 using ght::test::ScopedFlag;
 using test::small_run_config;
-using test::TempDir;
+using ght::test::TempDir;
 using test::write_random_corpus;
 
 nlohmann::json placement_of(const std::string& run_dir) {
@@ -36,7 +36,7 @@ double ratio(std::uint64_t measured, std::uint64_t predicted) {
 }
 
 TrainConfig plan_run(const TempDir& tmp, const std::string& name) {
-  TrainConfig c = small_run_config(tmp.str("data"), tmp.str(name));
+  TrainConfig c = small_run_config(tmp / "data", tmp / name);
   c.backend = "cuda";
   c.steps = 2;
   c.eval_every = 0;
@@ -52,10 +52,10 @@ TrainRunOptions profiled() {
 
 TEST(CudaTrainPlan, DefaultKeepsStateInHbmAndMatchesThePlan) {
   GHT_REQUIRE_GPU();
-  TempDir tmp;
-  write_random_corpus(tmp.str("data"));
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
   (void)train_cuda(plan_run(tmp, "default"), profiled());
-  const nlohmann::json pl = placement_of(tmp.str("default"));
+  const nlohmann::json pl = placement_of(tmp / "default");
   ASSERT_FALSE(pl.empty());
   EXPECT_EQ(pl.at("state_host_bytes").get<std::uint64_t>(), 0u) << pl.dump(2);
   EXPECT_GT(pl.at("state_hbm_bytes").get<std::uint64_t>(), 0u);
@@ -69,11 +69,11 @@ TEST(CudaTrainPlan, DefaultKeepsStateInHbmAndMatchesThePlan) {
 
 TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
   GHT_REQUIRE_GPU();
-  TempDir tmp;
-  write_random_corpus(tmp.str("data"));
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
   // The all-HBM footprint first, then a budget that holds about half of the state.
   (void)train_cuda(plan_run(tmp, "all"), profiled());
-  const nlohmann::json all = placement_of(tmp.str("all"));
+  const nlohmann::json all = placement_of(tmp / "all");
   ASSERT_FALSE(all.empty());
   const auto all_hbm = all.at("plan_hbm_bytes").get<std::uint64_t>();
   const auto state = all.at("state_hbm_bytes").get<std::uint64_t>();
@@ -82,7 +82,7 @@ TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
     const ScopedFlag f("GHT_HBM_BUDGET", std::to_string(budget));
     (void)train_cuda(plan_run(tmp, "half"), profiled());
   }
-  const nlohmann::json pl = placement_of(tmp.str("half"));
+  const nlohmann::json pl = placement_of(tmp / "half");
   ASSERT_FALSE(pl.empty());
   const auto st_hbm = pl.at("state_hbm_bytes").get<std::uint64_t>();
   const auto st_host = pl.at("state_host_bytes").get<std::uint64_t>();
@@ -104,8 +104,8 @@ TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
 
 TEST(CudaTrainPlan, BudgetNothingFitsInIsATypedErrorNamingTheVariable) {
   GHT_REQUIRE_GPU();
-  TempDir tmp;
-  write_random_corpus(tmp.str("data"));
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
   const ScopedFlag f("GHT_HBM_BUDGET", "64KiB");
   try {
     (void)train_cuda(plan_run(tmp, "oom"), profiled());

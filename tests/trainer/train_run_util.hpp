@@ -1,7 +1,6 @@
 #pragma once
-// Helpers for tests that run the training loop: a temporary directory, a random token corpus,
-// a small run config, and a run's losses read back from log.jsonl.
-#include <stdlib.h>
+// Helpers for tests that run the training loop: a random token corpus, a small run config, and a
+// run's losses read back from log.jsonl (temporary directories: common/temp_dir.hpp).
 
 #include <algorithm>
 #include <cstdint>
@@ -13,24 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_dir.hpp"
 #include "trainer/data.hpp"
 #include "trainer/model_config.hpp"
 #include "trainer/train_config.hpp"
 
 namespace ght::trainer::test {
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "ght_cuda_train_XXXXXX").string();
-    path = ::mkdtemp(t.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  [[nodiscard]] std::string str(const std::string& sub = "") const { return (path / sub).string(); }
-};
 
 // step -> loss and step -> eval loss of a run's log.jsonl.
 struct RunLog {
