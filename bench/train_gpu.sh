@@ -133,6 +133,12 @@ bench hbm_loop "everything in HBM, expert GEMMs cublaslt_loop" GHT_OPTIMIZER=dev
   -o train.steps=4
 bench hbm_streams "everything in HBM, expert GEMMs cublaslt_streams" GHT_OPTIMIZER=device \
   GHT_EXPERT_GEMM=cublaslt_streams -- -o train.steps=4
+# Issue 13's target shape: everything in HBM, 16 micro-batches (65,536 tokens per step), the
+# default expert GEMMs (CUTLASS when built in) against the cublaslt_streams default they replaced.
+bench hbm_ga16 "everything in HBM, 16 micro-batches (64k tokens/step), default expert GEMMs" GHT_OPTIMIZER=device -- \
+  -o model.grad_accum=16 -o train.steps=6
+bench hbm_ga16_streams "everything in HBM, 16 micro-batches, expert GEMMs cublaslt_streams (the previous default)" \
+  GHT_OPTIMIZER=device GHT_EXPERT_GEMM=cublaslt_streams -- -o model.grad_accum=16 -o train.steps=6
 fi
 
 # ---- report --------------------------------------------------------------------------------

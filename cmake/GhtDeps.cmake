@@ -57,3 +57,27 @@ if(GHT_HAVE_CUDA)
   endif()
   message(STATUS "ghtier: cuDNN ${GHT_HAVE_CUDNN} (${CUDNN_LIBRARY})")
 endif()
+
+# CUTLASS (optional, header-only): the sm90 grouped GEMM of the MoE experts (kernels/cuda/cutlass).
+# Looked for in GHT_CUTLASS_DIR, then $CUTLASS_INCLUDE_DIR (.deps/env.sh on the GPU machine), then
+# .pydeps/ (scripts/install-deps.sh installs the nvidia-cutlass wheel there), then an installed
+# nvidia-cutlass Python package. Needs sm_90 among GHT_CUDA_ARCH (its kernels are built for 90a).
+set(GHT_CUTLASS_DIR "" CACHE PATH "CUTLASS include directory (the one holding cutlass/ and cute/)")
+set(GHT_HAVE_CUTLASS OFF)
+if(GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" IN_LIST GHT_CUDA_ARCH))
+  set(_ght_cutlass_hints ${GHT_CUTLASS_DIR} $ENV{CUTLASS_INCLUDE_DIR}
+      ${PROJECT_SOURCE_DIR}/.pydeps/cutlass_library/source/include)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                    "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
+                    OUTPUT_VARIABLE _ght_cutlass_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    list(APPEND _ght_cutlass_hints ${_ght_cutlass_py})
+  endif()
+  find_path(GHT_CUTLASS_INCLUDE cutlass/gemm/kernel/sm90_gemm_array_tma_warpspecialized_cooperative.hpp
+            HINTS ${_ght_cutlass_hints} NO_DEFAULT_PATH)
+  if(GHT_CUTLASS_INCLUDE)
+    set(GHT_HAVE_CUTLASS ON)
+  endif()
+endif()
+message(STATUS "ghtier: CUTLASS ${GHT_HAVE_CUTLASS} (${GHT_CUTLASS_INCLUDE})")

@@ -13,6 +13,9 @@
 #
 #   ght_module(NAME tier SOURCES a.cpp b.cu DEPS ght_numa [MODULES tier] [OPENMP] [ALLOC_LIB])
 # OPENMP: the module's code uses OpenMP (never in an ALLOC_LIB module).
+#   ght_module_objects(NAME kernels OBJECTS ght_kernels_cutlass)
+# adds another OBJECT library's objects to a module (sources that need their own compile options,
+# e.g. another CUDA architecture): they go wherever the module's own objects go.
 set_property(GLOBAL PROPERTY GHT_MODULES "")
 
 function(ght_module)
@@ -53,6 +56,20 @@ endfunction()
 # Link `target` against the external dependencies of `mods`, with the usage requirements every
 # module carries (include directories, GHT_HAVE_CUDA, cudart). CUDART: CUDA::cudart (default) or
 # CUDA::cudart_static (linked privately).
+function(ght_module_objects)
+  cmake_parse_arguments(O "" "NAME" "OBJECTS" ${ARGN})
+  foreach(o ${O_OBJECTS})
+    target_sources(ght_${O_NAME} PRIVATE $<TARGET_OBJECTS:${o}>)
+    set_property(GLOBAL APPEND PROPERTY GHT_MODULE_EXTRA_OBJS_${O_NAME} $<TARGET_OBJECTS:${o}>)
+  endforeach()
+endfunction()
+
+# The objects of module `m` (its own and those added with ght_module_objects) into `out`.
+function(ght_objects_of m out)
+  get_property(extra GLOBAL PROPERTY GHT_MODULE_EXTRA_OBJS_${m})
+  set(${out} $<TARGET_OBJECTS:ght_${m}_obj> ${extra} PARENT_SCOPE)
+endfunction()
+
 function(ght_link_module_deps target mods)
   cmake_parse_arguments(L "" "CUDART" "" ${ARGN})
   set(ext "")
@@ -86,15 +103,18 @@ function(ght_add_library)
     else()
       list(APPEND rest_mods ${m})
     endif()
-    list(APPEND all_objs $<TARGET_OBJECTS:ght_${m}_obj>)
+    ght_objects_of(${m} objs)
+    list(APPEND all_objs ${objs})
   endforeach()
   set(alloc_objs "")
   foreach(m ${alloc_mods})
-    list(APPEND alloc_objs $<TARGET_OBJECTS:ght_${m}_obj>)
+    ght_objects_of(${m} objs)
+    list(APPEND alloc_objs ${objs})
   endforeach()
   set(rest_objs "")
   foreach(m ${rest_mods})
-    list(APPEND rest_objs $<TARGET_OBJECTS:ght_${m}_obj>)
+    ght_objects_of(${m} objs)
+    list(APPEND rest_objs ${objs})
   endforeach()
 
   # The allocator library carries its own copy of the CUDA runtime (as RMM's wheels do): a

@@ -134,10 +134,11 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
       {"wgrad dWgu   (2F,R)x(R,C)", 2 * F, C, 0},
       {"wgrad dWd    (C,R)x(R,F)", C, F, 2 * F * C},
   };
-  const kc::GroupedGemmImpl impls[] = {kc::GroupedGemmImpl::cublaslt_loop,
-                                       kc::GroupedGemmImpl::cublas_grouped,
-                                       kc::GroupedGemmImpl::custom,
-                                       kc::GroupedGemmImpl::cublaslt_streams};
+  std::vector<kc::GroupedGemmImpl> impls = {kc::GroupedGemmImpl::cublaslt_loop,
+                                             kc::GroupedGemmImpl::cublas_grouped,
+                                             kc::GroupedGemmImpl::custom,
+                                             kc::GroupedGemmImpl::cublaslt_streams};
+  if (kc::cutlass_available()) impls.push_back(kc::GroupedGemmImpl::cutlass);
 
   auto dense = [&](std::int64_t m, std::int64_t n, std::int64_t k, bool tb, kc::DType ct) {
     // The same FLOPs as one dense GEMM: rows R stacked, one weight.
@@ -159,7 +160,7 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
     const double dense_tf = dense(R, c.n, c.k, c.trans_b, kc::DType::bf16);
     for (auto impl : impls) {
       for (int with_sync = 0; with_sync < 2; ++with_sync) {
-        if (impl == kc::GroupedGemmImpl::custom && with_sync) continue;
+        if (!kc::needs_host_offsets(impl) && with_sync) continue;
         kc::GroupedGemmVarM g;
         g.n = c.n;
         g.k = c.k;
@@ -268,6 +269,9 @@ int main(int argc, char** argv) {
         {"bench-h200 uniform", 48, 4, 4096, 4096, 800, 0.0},
         {"bench-h200 skewed", 48, 4, 4096, 4096, 800, 3.0},
         {"hw-ref 64x1024 2048->1408", 64, 1, 65536, 2048, 1408, 0.0},
+        // Two sweep shapes' layers (bench/trainer/sweep.py): many small experts.
+        {"qwen3-like 128x768 top-8", 128, 8, 8192, 2048, 768, 0.0},
+        {"fine-grained 64x512 top-4", 64, 4, 8192, 3072, 512, 0.0},
     };
     std::vector<Row> rows;
     for (const auto& s : shapes) bench_shape(s, iters, stream, rows);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cutlass/grouped_gemm.hpp"
 #include "kernels/cuda/detail/common.cuh"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
@@ -248,6 +249,23 @@ __global__ void __launch_bounds__(kThreads)
   gemm_tile<true, false, CT>(p, mt * kBM, static_cast<int>(blockIdx.y) * kBN, alpha, beta);
 }
 
+// C_e = beta·C_e for the groups with no rows (var-K), which the CUTLASS path skips. Grid:
+// (blocks over the m·n elements, E); a block of a non-empty group returns at once.
+template <typename CT>
+__global__ void scale_empty_groups_kernel(const std::int32_t* __restrict__ offsets, int M, int N,
+                                          CT* __restrict__ c, std::int64_t ldc, std::int64_t stride_c,
+                                          float beta) {
+  const int g = static_cast<int>(blockIdx.y);
+  if (offsets[g + 1] > offsets[g]) return;
+  CT* cg = c + g * stride_c;
+  const std::int64_t total = static_cast<std::int64_t>(M) * N;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    CT& v = cg[(i / N) * ldc + i % N];
+    v = beta == 0.0f ? CT(0.0f) : CT(beta * static_cast<float>(v));
+  }
+}
+
 // ---- shared helpers -------------------------------------------------------------------------
 
 void check_offsets(const GroupOffsets& o, const char* op) {
@@ -412,6 +430,106 @@ void for_each_group(const std::vector<int>& groups, bool spread, cudaStream_t st
   }
 }
 
+// ---- CUTLASS --------------------------------------------------------------------------------
+
+namespace cg = cutlass_grouped;
+
+bool rows_aligned(std::int64_t ld, std::size_t elem) { return (ld * static_cast<std::int64_t>(elem)) % 16 == 0; }
+
+cg::Problem cutlass_problem(const GroupOffsets& o) {
+  GHT_EXPECTS(o.device != nullptr, "grouped_gemm(cutlass): needs device offsets");
+  cg::Problem p;
+  p.groups = o.groups;
+  p.offsets = o.device;
+  GHT_CUDA_TRY(cudaGetDevice(&p.device));
+  thread_local int sm_device = -1, sm_count = 0;
+  if (sm_device != p.device) {
+    GHT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device));
+    sm_device = p.device;
+  }
+  p.sm_count = sm_count;
+  return p;
+}
+
+// Normalised arguments (leading dimensions filled in) that the CUTLASS instantiations cover:
+// 16-byte aligned operands and rows, and extents of 8 along each contiguous dimension (CUTLASS's
+// own alignment rule, which it cannot check itself without host problem sizes).
+bool covered(const GroupedGemmVarM& g) {
+  return cutlass_available() && g.c_type == DType::bf16 && detail::aligned16(g.a, g.b, g.c) &&
+         rows_aligned(g.lda, 2) && rows_aligned(g.ldb, 2) && rows_aligned(g.ldc, 2) &&
+         rows_aligned(g.stride_b, 2) && rows_aligned(g.k, 2) && rows_aligned(g.n, 2);
+}
+bool covered(const GroupedGemmVarK& g) {
+  const std::size_t cs = dtype_size(g.c_type);
+  return cutlass_available() && detail::aligned16(g.a, g.b, g.c) && rows_aligned(g.lda, 2) &&
+         rows_aligned(g.ldb, 2) && rows_aligned(g.ldc, cs) && rows_aligned(g.stride_c, cs) &&
+         rows_aligned(g.m, 2) && rows_aligned(g.n, 2);
+}
+
+// True when it ran; false for a call CUTLASS does not cover (the caller runs `custom`).
+bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t stream) {
+  if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
+  if (!covered(g)) return false;
+  cg::Problem p = cutlass_problem(o);
+  p.n = g.n;
+  p.k = g.k;
+  p.a = g.a;
+  p.lda = g.lda;
+  p.b = g.b;
+  p.ldb = g.ldb;
+  p.stride_b = g.stride_b;
+  p.c = g.c;
+  p.ldc = g.ldc;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+#if defined(GHT_HAVE_CUTLASS)
+  if (g.trans_b) {
+    cg::var_m_bt_bf16(p, stream);
+  } else {
+    cg::var_m_bn_bf16(p, stream);
+  }
+#else
+  (void)stream;
+#endif
+  return true;
+}
+
+bool run_cutlass(const GroupedGemmVarK& g, const GroupOffsets& o, cudaStream_t stream) {
+  if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
+  if (!covered(g)) return false;
+  cg::Problem p = cutlass_problem(o);
+  p.var_k = true;
+  p.m = g.m;
+  p.n = g.n;
+  p.a = g.a;
+  p.lda = g.lda;
+  p.b = g.b;
+  p.ldb = g.ldb;
+  p.c = g.c;
+  p.ldc = g.ldc;
+  p.stride_c = g.stride_c;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
+#if defined(GHT_HAVE_CUTLASS)
+  if (g.c_type == DType::f32) {
+    cg::var_k_f32(p, stream);
+  } else {
+    cg::var_k_bf16(p, stream);
+  }
+#endif
+  if (g.beta != 1.0f) {  // groups with no rows: C_e = beta·C_e (CUTLASS skipped them)
+    const std::int64_t blocks = std::min<std::int64_t>(detail::ceil_div(g.m * g.n, 256), 1024);
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(o.groups));
+    if (g.c_type == DType::f32) {
+      scale_empty_groups_kernel<float><<<grid, 256, 0, stream>>>(o.device, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<float*>(g.c), g.ldc, g.stride_c, g.beta);
+    } else {
+      scale_empty_groups_kernel<bf16><<<grid, 256, 0, stream>>>(o.device, static_cast<int>(g.m), static_cast<int>(g.n), static_cast<bf16*>(g.c), g.ldc, g.stride_c, g.beta);
+    }
+    GHT_CUDA_CHECK_LAUNCH();
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string_view to_string(GroupedGemmImpl impl) noexcept {
@@ -420,8 +538,21 @@ std::string_view to_string(GroupedGemmImpl impl) noexcept {
     case GroupedGemmImpl::cublas_grouped: return "cublas_grouped";
     case GroupedGemmImpl::custom: return "custom";
     case GroupedGemmImpl::cublaslt_streams: return "cublaslt_streams";
+    case GroupedGemmImpl::cutlass: return "cutlass";
   }
   return "?";
+}
+
+bool cutlass_covers(const GroupedGemmVarM& args) {
+  GroupedGemmVarM g = args;
+  normalise(g);
+  return covered(g);
+}
+
+bool cutlass_covers(const GroupedGemmVarK& args) {
+  GroupedGemmVarK g = args;
+  normalise(g);
+  return covered(g);
 }
 
 std::vector<std::int32_t> download_offsets(const std::int32_t* device_offsets, int groups,
@@ -441,6 +572,10 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
   check_offsets(offsets, "grouped_gemm(var-M)");
   const int E = offsets.groups;
 
+  if (impl == GroupedGemmImpl::cutlass) {
+    if (run_cutlass(g, offsets, stream)) return;
+    impl = GroupedGemmImpl::custom;  // a call CUTLASS does not cover: our kernel, still sync-free
+  }
   if (impl == GroupedGemmImpl::custom) {
     GHT_EXPECTS(offsets.device != nullptr, "grouped_gemm(var-M, custom): needs device offsets");
     GHT_EXPECTS(offsets.max_rows >= 0, "grouped_gemm(var-M, custom): max_rows < 0");
@@ -517,6 +652,10 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
   GHT_EXPECTS(E == 1 || g.stride_c >= g.m * g.ldc || g.stride_c <= -g.m * g.ldc,
               "grouped_gemm(var-K): stride_c makes the groups' C overlap");
 
+  if (impl == GroupedGemmImpl::cutlass) {
+    if (run_cutlass(g, offsets, stream)) return;
+    impl = GroupedGemmImpl::custom;  // a call CUTLASS does not cover: our kernel, still sync-free
+  }
   if (impl == GroupedGemmImpl::custom) {
     GHT_EXPECTS(offsets.device != nullptr, "grouped_gemm(var-K, custom): needs device offsets");
     GHT_EXPECTS(g.m % 8 == 0 && g.n % 8 == 0 && g.lda % 8 == 0 && g.ldb % 8 == 0 &&

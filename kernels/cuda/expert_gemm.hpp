@@ -28,6 +28,15 @@
  *                   fp32 or bf16 output. Needs the contiguous dimensions (k, and n unless
  *                   trans_b, for var-M; m and n for var-K), the leading dimensions and stride_b
  *                   to be multiples of 8 and A/B 16-byte aligned.
+ *   cutlass         CUTLASS's sm90 pointer-array grouped GEMM (TMA + WGMMA, warp-specialised,
+ *                   persistent; kernels/cuda/cutlass/), the kind PyTorch's _grouped_mm runs. The
+ *                   problem sizes stay on the device (a small kernel derives them from the
+ *                   offsets), so it never synchronises either. Covers var-M with bf16 C and
+ *                   var-K with bf16 or fp32 C, all operands 16-byte aligned with leading
+ *                   dimensions (and stride_b / stride_c) that keep every row 16-byte aligned,
+ *                   n and k (var-M) or m and n (var-K) multiples of 8; any other call runs
+ *                   `custom` instead (cutlass_covers() tells which). Only in builds with CUTLASS
+ *                   (cutlass_available()); elsewhere asking for it throws.
  *
  * FLOPs: 2·R·n·k (var-M) or 2·m·n·R (var-K), R = offsets[E]. Bytes: 2·(R·k + E·n·k) + R·n·sizeof(C)
  * (var-M); 2·R·(m + n) + E·m·n·sizeof(C)·(beta ? 2 : 1) (var-K).
@@ -43,14 +52,29 @@
 
 namespace ght::kernels::cuda {
 
-enum class GroupedGemmImpl : int { cublaslt_loop = 0, cublas_grouped = 1, custom = 2, cublaslt_streams = 3 };
+enum class GroupedGemmImpl : int { cublaslt_loop = 0, cublas_grouped = 1, custom = 2, cublaslt_streams = 3, cutlass = 4 };
 
 /// Side streams of GroupedGemmImpl::cublaslt_streams.
 inline constexpr int kExpertStreams = 4;
 
 /// True for the implementations that need the group offsets on the host.
 [[nodiscard]] constexpr bool needs_host_offsets(GroupedGemmImpl impl) noexcept {
-  return impl != GroupedGemmImpl::custom;
+  return impl != GroupedGemmImpl::custom && impl != GroupedGemmImpl::cutlass;
+}
+
+/// True when this build has the CUTLASS grouped GEMM (CMake found CUTLASS; sm_90a kernels).
+[[nodiscard]] constexpr bool cutlass_available() noexcept {
+#if defined(GHT_HAVE_CUTLASS)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// The fastest implementation this build has that never synchronises: cutlass when built in,
+/// else cublaslt_streams (which downloads the offsets once per layer).
+[[nodiscard]] constexpr GroupedGemmImpl default_grouped_gemm_impl() noexcept {
+  return cutlass_available() ? GroupedGemmImpl::cutlass : GroupedGemmImpl::cublaslt_streams;
 }
 
 [[nodiscard]] std::string_view to_string(GroupedGemmImpl impl) noexcept;
@@ -106,6 +130,11 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
 /// Run a var-K grouped GEMM (weight gradients). Groups with no rows get C_e = beta·C_e.
 void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, GroupedGemmImpl impl,
                   cudaStream_t stream);
+
+/// True when GroupedGemmImpl::cutlass runs this call itself (this build has CUTLASS and the call
+/// is one it covers, see the file comment); false when it would run `custom` instead.
+[[nodiscard]] bool cutlass_covers(const GroupedGemmVarM& args);
+[[nodiscard]] bool cutlass_covers(const GroupedGemmVarK& args);
 
 /// Copy the (E+1) device offsets to the host. Synchronises `stream`.
 [[nodiscard]] std::vector<std::int32_t> download_offsets(const std::int32_t* device_offsets,

@@ -10,7 +10,7 @@ if [ -z "$mpirun" ]; then
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 prep_corpus "$work/data"
-args=("${small_args[@]}" --data "$work/data" -o train.threads=1 -o train.ckpt_every=2 -o train.log_every=1)
+args=("${small_args[@]}" --data "$work/data" -o train.backend=cpu -o train.threads=1 -o train.ckpt_every=2 -o train.log_every=1)
 
 "$mpirun" -np 2 --oversubscribe "$ght" train "${args[@]}" --out "$work/run" --steps 100000 >"$work/run.out" 2>&1 &
 job=$!

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Data parallel on the CPU backend through `mpirun -np 2`, and launch errors.
+# Data parallel on the CPU backend through `mpirun -np 2`, and launch errors. The backend is
+# named (cpu), so that on a machine with a GPU the runs stay on the data-parallel path.
 #
 # 1. A bad launch environment (WORLD_SIZE=2 RANK=3) is refused before anything runs, naming RANK;
 #    the CUDA backend refuses a launch of several processes.
@@ -16,7 +17,7 @@
 #    uninterrupted 2-rank run.
 source "$(dirname "$0")/train_common.sh"
 prep_corpus "$work/data"
-args=("${small_args[@]}" --data "$work/data" --steps 5 -o train.threads=1 -o train.eval_every=5 -o train.log_every=1)
+args=("${small_args[@]}" --data "$work/data" --steps 5 -o train.backend=cpu -o train.threads=1 -o train.eval_every=5 -o train.log_every=1)
 
 # 1. Launch errors need no mpirun.
 if WORLD_SIZE=2 RANK=3 MASTER_ADDR=localhost MASTER_PORT=29500 "$ght" train "${args[@]}" --out "$work/bad" \

@@ -21,10 +21,13 @@ using namespace ght::test;
 namespace kc = ght::kernels::cuda;
 namespace cpu = ght::kernels::cpu;
 
-const kc::GroupedGemmImpl kImpls[] = {kc::GroupedGemmImpl::cublaslt_loop,
-                                      kc::GroupedGemmImpl::cublas_grouped,
-                                      kc::GroupedGemmImpl::custom,
-                                      kc::GroupedGemmImpl::cublaslt_streams};
+// Every implementation this build has (cutlass only where CMake found CUTLASS).
+std::vector<kc::GroupedGemmImpl> impls() {
+  std::vector<kc::GroupedGemmImpl> v = {kc::GroupedGemmImpl::cublaslt_loop, kc::GroupedGemmImpl::cublas_grouped,
+                                        kc::GroupedGemmImpl::custom, kc::GroupedGemmImpl::cublaslt_streams};
+  if (kc::cutlass_available()) v.push_back(kc::GroupedGemmImpl::cutlass);
+  return v;
+}
 
 // Uneven groups: empty ones, one row, partial and several 128-row tiles.
 const std::vector<std::int32_t> kCounts = {0, 37, 130, 1, 0, 200, 9};
@@ -86,17 +89,20 @@ void run_var_m(kc::GroupedGemmImpl impl, bool trans_b, kc::DType ct, bool host_o
   o.host = host_offsets ? off.data() : nullptr;
   o.max_rows = R + 77;  // an upper bound, not the exact count
   std::vector<float> got;
-  if (ct == kc::DType::bf16) {
-    auto d_c = upload_bf16(c0);
-    g.c = d_c.get();
+  auto run = [&](void* c) {
+    g.c = c;
+    // cutlass must run these calls itself (bf16 C), not fall back to `custom`.
+    if (impl == kc::GroupedGemmImpl::cutlass && ct == kc::DType::bf16) EXPECT_TRUE(kc::cutlass_covers(g));
     kc::grouped_gemm(g, o, impl, stream.get());
     stream.sync();
+  };
+  if (ct == kc::DType::bf16) {
+    auto d_c = upload_bf16(c0);
+    run(d_c.get());
     got = download_f32(d_c);
   } else {
     DeviceBuffer<float> d_c(c0);
-    g.c = d_c.get();
-    kc::grouped_gemm(g, o, impl, stream.get());
-    stream.sync();
+    run(d_c.get());
     got = d_c.download();
   }
   const bool bf = ct == kc::DType::bf16;
@@ -141,17 +147,19 @@ void run_var_k(kc::GroupedGemmImpl impl, kc::DType ct, float beta, std::uint32_t
   o.device = d_off.get();
   o.max_rows = R;
   std::vector<float> got;
-  if (ct == kc::DType::bf16) {
-    auto d_c = upload_bf16(c0);
-    g.c = d_c.get();
+  auto run = [&](void* c) {
+    g.c = c;
+    if (impl == kc::GroupedGemmImpl::cutlass) EXPECT_TRUE(kc::cutlass_covers(g));
     kc::grouped_gemm(g, o, impl, stream.get());
     stream.sync();
+  };
+  if (ct == kc::DType::bf16) {
+    auto d_c = upload_bf16(c0);
+    run(d_c.get());
     got = download_f32(d_c);
   } else {
     DeviceBuffer<float> d_c(c0);
-    g.c = d_c.get();
-    kc::grouped_gemm(g, o, impl, stream.get());
-    stream.sync();
+    run(d_c.get());
     got = d_c.download();
   }
   const bool bf = ct == kc::DType::bf16;
@@ -161,7 +169,7 @@ void run_var_k(kc::GroupedGemmImpl impl, kc::DType ct, float beta, std::uint32_t
 TEST(CudaExpertGemm, VarMAllImplementations) {
   GHT_REQUIRE_GPU();
   std::uint32_t seed = 1;
-  for (auto impl : kImpls) {
+  for (auto impl : impls()) {
     for (bool tb : {true, false}) {
       for (auto ct : {kc::DType::bf16, kc::DType::f32}) {
         if (!supported(impl, ct)) continue;
@@ -175,11 +183,12 @@ TEST(CudaExpertGemm, VarMAllImplementations) {
 TEST(CudaExpertGemm, VarKAllImplementations) {
   GHT_REQUIRE_GPU();
   std::uint32_t seed = 100;
-  for (auto impl : kImpls) {
+  for (auto impl : impls()) {
     for (auto ct : {kc::DType::bf16, kc::DType::f32}) {
       if (!supported(impl, ct)) continue;
       run_var_k(impl, ct, 1.0f, seed += 5);
       run_var_k(impl, ct, 0.0f, seed += 5);  // beta = 0: empty groups must be zeroed
+      run_var_k(impl, ct, 0.5f, seed += 5);  // empty groups scaled
     }
   }
 }
@@ -280,7 +289,57 @@ void run_swiglu_experts(kc::GroupedGemmImpl impl, std::uint32_t seed) {
 TEST(CudaExpertGemm, SwigluExpertsMatchCpuAllImplementations) {
   GHT_REQUIRE_GPU();
   std::uint32_t seed = 300;
-  for (auto impl : kImpls) run_swiglu_experts(impl, seed += 7);
+  for (auto impl : impls()) run_swiglu_experts(impl, seed += 7);
+}
+
+// The CUTLASS path reads the group sizes on the device only: its calls capture into a CUDA graph
+// under the strictest capture mode (any synchronising or host-reading call would fail the
+// capture), and the replayed graph computes what the direct call did, for new offsets too.
+TEST(CudaExpertGemm, CutlassCapturesIntoCudaGraph) {
+  if (!kc::cutlass_available()) GTEST_SKIP() << "this build has no CUTLASS (CMake did not find it)";
+  GHT_REQUIRE_GPU();
+  const std::vector<std::int32_t> counts_a = {0, 37, 130, 1, 0, 200, 9}, counts_b = {64, 0, 0, 250, 3, 40, 9};
+  const int E = static_cast<int>(counts_a.size());
+  const std::int64_t R = 366, n = 136, k = 264;  // both count lists sum to R
+  const auto a = random_bf16_values(R * k, 7);
+  const auto b = random_bf16_values(E * n * k, 8);
+  TestStream stream;
+  auto d_a = upload_bf16(a);
+  auto d_b = upload_bf16(b);
+  DeviceBuffer<std::int32_t> d_off(offsets_of(counts_a));
+  DeviceBuffer<bf16> d_direct(R * n), d_graph(R * n);
+  kc::GroupedGemmVarM g;
+  g.n = n, g.k = k, g.a = d_a.get(), g.b = d_b.get(), g.stride_b = n * k, g.trans_b = true;
+  kc::GroupOffsets o;
+  o.groups = E, o.device = d_off.get(), o.max_rows = R;
+  g.c = d_graph.get();
+  ASSERT_TRUE(kc::cutlass_covers(g));
+  auto direct = [&](const std::vector<std::int32_t>& counts) {
+    GHT_CUDA_TRY(cudaMemcpy(d_off.get(), offsets_of(counts).data(), (E + 1) * sizeof(std::int32_t),
+                            cudaMemcpyHostToDevice));
+    g.c = d_direct.get();
+    kc::grouped_gemm(g, o, kc::GroupedGemmImpl::cutlass, stream.get());
+    stream.sync();
+    return download_f32(d_direct);
+  };
+  const auto want_a = direct(counts_a);  // also grows the stream scratch before the capture
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  g.c = d_graph.get();
+  kc::grouped_gemm(g, o, kc::GroupedGemmImpl::cutlass, stream.get());
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const auto* counts : {&counts_a, &counts_b}) {
+    const auto want = counts == &counts_a ? want_a : direct(*counts);
+    GHT_CUDA_TRY(cudaMemcpy(d_off.get(), offsets_of(*counts).data(), (E + 1) * sizeof(std::int32_t),
+                            cudaMemcpyHostToDevice));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+    stream.sync();
+    EXPECT_EQ(download_f32(d_graph), want);  // same kernel, same inputs: bit-identical
+  }
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
 }
 
 }  // namespace

@@ -54,10 +54,12 @@ struct CudaModelOptions {
   /// allocator, never spilled. Null: alloc::make_default_tiered_allocator().
   std::shared_ptr<alloc::tiered_allocator> allocator;
   optimizer::GradType grad_type = optimizer::GradType::fp32;  ///< gradient buffer element type
-  /// Expert GEMM implementation (bench/results/2026-11-30-h200-expert-streams.md: the streams
-  /// variant is 19% faster than the serial loop on the bench-h200 shape). The cuBLASLt ones need the expert offsets on the host: the model
-  /// downloads them once per layer per forward (one stream sync) and reuses them in backward.
-  kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::GroupedGemmImpl::cublaslt_streams;
+  /// Expert GEMM implementation: CUTLASS's grouped GEMM when built in (sizes on the device, no
+  /// host sync), else cublaslt_streams (19% faster than the serial loop on bench-h200,
+  /// bench/results/2026-11-30-h200-expert-streams.md). The cuBLASLt ones need the expert offsets
+  /// on the host: the model downloads them once per layer per forward (one stream sync) and
+  /// reuses them in backward.
+  kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::default_grouped_gemm_impl();
   kernels::cuda::AttentionImpl attention_impl = kernels::cuda::AttentionImpl::automatic;
   /// Rows per LM-head/cross-entropy chunk; 0 = as many as fit a 256 MiB bf16 logits chunk.
   std::int64_t ce_chunk_rows = 0;

@@ -311,10 +311,16 @@ void CudaRun::setup() {
                       : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
                                           : kernels::cuda::AttentionImpl::automatic;
   const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
-  mo.expert_impl = gemm == "cublas_grouped"     ? kernels::cuda::GroupedGemmImpl::cublas_grouped
+  if (gemm == "cutlass" && !kernels::cuda::cutlass_available()) {
+    throw config_error("GHT_EXPERT_GEMM=cutlass: this build has no CUTLASS (CMake did not find it; "
+                       "scripts/install-deps.sh installs it, or set GHT_CUTLASS_DIR); use auto");
+  }
+  mo.expert_impl = gemm == "cutlass"            ? kernels::cuda::GroupedGemmImpl::cutlass
+                   : gemm == "cublas_grouped"   ? kernels::cuda::GroupedGemmImpl::cublas_grouped
                    : gemm == "custom"           ? kernels::cuda::GroupedGemmImpl::custom
                    : gemm == "cublaslt_streams" ? kernels::cuda::GroupedGemmImpl::cublaslt_streams
-                                                : kernels::cuda::GroupedGemmImpl::cublaslt_loop;
+                   : gemm == "cublaslt_loop"    ? kernels::cuda::GroupedGemmImpl::cublaslt_loop
+                                                : kernels::cuda::default_grouped_gemm_impl();
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
