@@ -4,6 +4,7 @@
 #include <string>
 
 #include "optimizer/adamw.hpp"
+#include "tier/config.hpp"
 #include "tier/error.hpp"
 
 namespace ght::trainer {
@@ -65,15 +66,16 @@ void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
   w.host_allowed = false;
   out.push_back(std::move(w));
 
-  Region gr = base("grad", ght::TensorClass::grad, 4 * p);
+  const std::uint64_t gb = optimizer::grad_type_size(hbm_grad_type());  // HBM accumulator
+  Region gr = base("grad", ght::TensorClass::grad, gb * p);
   gr.host_bytes = 4 * p;
   gr.hbm_bytes_on_host = 2 * p;  // streamed: the bf16 gradient of one micro-batch stays in HBM
   Access acc_hbm = make_access("compute", ga, 1.0, GpuPath::copy);
-  acc_hbm.gpu_read_bytes = 4 * P;
-  acc_hbm.gpu_write_bytes = 4 * P;
+  acc_hbm.gpu_read_bytes = static_cast<double>(gb) * P;
+  acc_hbm.gpu_write_bytes = static_cast<double>(gb) * P;
   acc_hbm.routing_tokens = routed;
   Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-  opt_hbm.gpu_read_bytes = 4 * P;
+  opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P;
   gr.access = {acc_hbm, opt_hbm};
   // Streaming: every micro-batch copies the bf16 gradient down and the CPU adds it into the fp32
   // accumulator (reads 2 B and, after the first micro-batch, 4 B; writes 4 B per param). The
@@ -271,6 +273,11 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
   ws.host_allowed = false;
   out.push_back(std::move(ws));
   return out;
+}
+
+optimizer::GradType hbm_grad_type() {
+  return config::cfg().get_string(config::Key::GHT_GRAD_ACCUM) == "bf16" ? optimizer::GradType::bf16
+                                                                          : optimizer::GradType::fp32;
 }
 
 double model_step_flops(const ModelConfig& c) {

@@ -9,7 +9,8 @@
  *   <group>.weight  bf16, 2 B/param. The GPU reads it in forward and backward of every
  *                   micro-batch (an expert's only when it receives a token); the optimizer writes
  *                   it once per step. HBM only: the trainer computes on weights in place.
- *   <group>.grad    fp32, 4 B/param in HBM (the CUDA trainer accumulates micro-batches in fp32).
+ *   <group>.grad    fp32, 4 B/param in HBM (the CUDA trainer accumulates micro-batches in fp32;
+ *                   2 B/param with GHT_GRAD_ACCUM=bf16, hbm_grad_type()).
  *                   On the host it is the fp32 accumulator (4 B/param), and the bf16 gradient of
  *                   one micro-batch stays in HBM (2 B/param): every micro-batch copies the bf16
  *                   gradient down (D2H) and the CPU adds it (reads 2 + 4 B, writes 4 B per param;
@@ -30,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "optimizer/adamw_kernels.hpp"
 #include "tier/plan.hpp"
 #include "trainer/model_config.hpp"
 
@@ -73,6 +75,10 @@ inline constexpr int kCudaLossSlots = 64;
 /// when GHT_OPT_LINK_MODE resolves to dma) and recompute_scratch_bytes (one layer's buffers while
 /// any layer is recomputed). `ght plan` and `ght train` both call it, so they plan alike.
 void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg);
+
+/// The element type of the gradients the CUDA trainer accumulates in HBM (GHT_GRAD_ACCUM): what
+/// the model allocates and what the plan counts.
+[[nodiscard]] optimizer::GradType hbm_grad_type();
 
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);

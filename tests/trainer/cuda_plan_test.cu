@@ -4,6 +4,7 @@
 // fits in is a typed out-of-memory error that names the variable to raise.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -100,6 +101,32 @@ TEST(CudaTrainPlan, SmallerBudgetMovesPartOfTheStateToTheHost) {
   EXPECT_NEAR(ratio(hbm_peak, pl.at("plan_hbm_bytes").get<std::uint64_t>()), 1.0, 0.05) << pl.dump(2);
   EXPECT_NEAR(ratio(st_host, pl.at("plan_host_bytes").get<std::uint64_t>()), 1.0, 0.05) << pl.dump(2);
   EXPECT_EQ(pl.at("spills").get<std::uint64_t>(), 0u);
+}
+
+// GHT_GRAD_ACCUM=bf16: the gradients are bf16 in HBM (2 B/param fewer than fp32, in the plan and
+// in the allocator alike), and training on the same data and seed follows the fp32 run closely
+// (bf16 rounding of the running sum over 2 micro-batches; a loose bound: this checks the wiring,
+// not the numerics, which kernels/cuda tests cover op by op).
+TEST(CudaTrainPlan, Bf16GradientAccumulationMatchesThePlanAndTrains) {
+  GHT_REQUIRE_GPU();
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
+  const TrainSummary fp32 = train_cuda(plan_run(tmp, "fp32"), profiled());
+  TrainSummary bf16;
+  {
+    const ScopedFlag f("GHT_GRAD_ACCUM", "bf16");
+    bf16 = train_cuda(plan_run(tmp, "bf16"), profiled());
+  }
+  const nlohmann::json a = placement_of(tmp / "fp32"), b = placement_of(tmp / "bf16");
+  ASSERT_FALSE(a.empty());
+  ASSERT_FALSE(b.empty());
+  const auto plan_a = a.at("plan_hbm_bytes").get<std::uint64_t>();
+  const auto plan_b = b.at("plan_hbm_bytes").get<std::uint64_t>();
+  const ModelConfig mc = plan_run(tmp, "x").model;
+  EXPECT_EQ(plan_a - plan_b, 2 * static_cast<std::uint64_t>(mc.total_params()));
+  EXPECT_NEAR(ratio(b.at("memory").at("hbm").at("peak").get<std::uint64_t>(), plan_b), 1.0, 0.05) << b.dump(2);
+  EXPECT_TRUE(std::isfinite(bf16.last_loss));
+  EXPECT_NEAR(bf16.last_loss, fp32.last_loss, 0.02 * fp32.last_loss);
 }
 
 TEST(CudaTrainPlan, BudgetNothingFitsInIsATypedErrorNamingTheVariable) {

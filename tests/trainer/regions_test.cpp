@@ -104,6 +104,23 @@ TEST(ModelRegions, Seed21bShape) {
   }
 }
 
+// GHT_GRAD_ACCUM=bf16: the HBM gradients the CUDA trainer accumulates into are bf16, and the plan
+// counts 2 B/param for them (the host accumulator of streamed gradients stays fp32).
+TEST(ModelRegions, Bf16GradientAccumulationHalvesTheGradientBytes) {
+  const ModelConfig c = preset("small");
+  const auto P = static_cast<std::uint64_t>(c.total_params());
+  EXPECT_EQ(hbm_grad_type(), optimizer::GradType::fp32);  // the default
+  const ght::test::ScopedFlag flag("GHT_GRAD_ACCUM", "bf16");
+  EXPECT_EQ(hbm_grad_type(), optimizer::GradType::bf16);
+  const auto rs = model_regions(c);
+  EXPECT_EQ(bytes_by_class(rs).at(TensorClass::grad), 2 * P);
+  for (const auto& r : rs) {
+    if (r.cls == TensorClass::grad) {
+      EXPECT_EQ(r.host_bytes.value_or(0), 2 * r.bytes) << r.name;
+    }
+  }
+}
+
 // ---- scenarios --------------------------------------------------------------------------------
 
 using ght::test::registry_with;

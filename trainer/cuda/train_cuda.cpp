@@ -303,8 +303,9 @@ void CudaRun::setup() {
 
   // ---- the model ----
   CudaModelOptions mo;
-  // Streamed gradients are bf16 per micro-batch (half the D2H bytes); HBM accumulation is fp32.
-  mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : optimizer::GradType::fp32;
+  // Streamed gradients are bf16 per micro-batch (half the D2H bytes); HBM accumulation is fp32
+  // unless GHT_GRAD_ACCUM=bf16 (the plan counts the same, trainer/regions.cpp).
+  mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : hbm_grad_type();
   mo.recompute = recompute_;
   const std::string att = config::cfg().get_string(config::Key::GHT_ATTENTION);
   mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
@@ -344,10 +345,12 @@ void CudaRun::setup() {
     g.weight = model_->weights() + t.offset;
     if (stream_grads_) {
       g.grad = host_grads_.as<float>() + t.offset;
+      g.grad_type = optimizer::GradType::fp32;
     } else {
-      g.grad = static_cast<float*>(model_->grads()) + t.offset;
+      g.grad = static_cast<const char*>(model_->grads()) +
+               t.offset * optimizer::grad_type_size(model_->grad_type());
+      g.grad_type = model_->grad_type();
     }
-    g.grad_type = optimizer::GradType::fp32;
     regions.push_back(std::move(g));
     for (int u = 0; u < U; ++u) {
       if (t.offset >= unit_range_[static_cast<std::size_t>(u)].first &&
@@ -404,7 +407,9 @@ void CudaRun::setup() {
       std::string(kernels::cuda::to_string(model_->options().expert_impl)));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
       (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_.bytes()) + " fp32 host accumulator)"
-                     : " (fp32, accumulated in HBM)") +
+                     : std::string(model_->grad_type() == optimizer::GradType::bf16
+                                       ? " (bf16, accumulated in HBM: GHT_GRAD_ACCUM=bf16)"
+                                       : " (fp32, accumulated in HBM)")) +
       "; optimizer state HBM " + config::format_bytes(state_bytes(TierKind::hbm)) + ", host " +
       config::format_bytes(state_bytes(TierKind::host)));
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +

@@ -10,7 +10,7 @@
  *  - bf16 weights, gradients and activations in HBM (trainer/cuda/model_cuda.hpp);
  *  - fp32 master/m/v per region where the plan puts it (HBM where it fits, the rest on the
  *    host, region by region); GHT_OPTIMIZER=device|gpu_link|cpu overrides it;
- *  - gradients accumulated in HBM (fp32), or, when the plan streams any, copied as bf16 to the
+ *  - gradients accumulated in HBM (fp32, or bf16 with GHT_GRAD_ACCUM=bf16), or, when the plan streams any, copied as bf16 to the
  *    host after each unit's backward and added into fp32 host accumulators (optimizer/
  *    accumulate.hpp);
  *  - per-layer activation recompute where the plan chooses it;
