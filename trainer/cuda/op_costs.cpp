@@ -37,6 +37,12 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["expert offsets download"] = none;  // a stream sync and a few bytes: its cost is the wait
   t["loss copy"] = none;
   t["loss readback"] = none;
+  // Outside training steps (loading, checkpoints, logits for sampling): listed so that every
+  // label of the model is known.
+  for (const char* op : {"weight upload", "weight download", "gradient download", "zero gradients",
+                         "allocate logits buffer", "logits GEMM", "routing download"}) {
+    t[op] = none;
+  }
   // ---- forward ----
   t["embedding forward"] = {0, 4 * N * C};
   t["input_layernorm"] = {4 * N * C, 4 * N * C};
