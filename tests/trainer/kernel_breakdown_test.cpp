@@ -41,9 +41,12 @@ const OpTime& find_op(const KernelBreakdown& b, const std::string& op) {
 
 TEST(KernelBreakdown, SharesSumToOneAndOpsSortByTime) {
   const std::vector<GpuActivity> acts = {
-      act("a", "k1", 7, 0, 300 * kUs),          act("b", "k2", 7, 300 * kUs, 400 * kUs),
-      act("a", "k1", 8, 100 * kUs, 250 * kUs),  act("c", "memcpy HtoD", 7, 500 * kUs, 530 * kUs, GpuActivity::Kind::memcpy),
-      act("b", "k3", 9, 600 * kUs, 1000 * kUs), act("c", "memset", 7, 530 * kUs, 531 * kUs, GpuActivity::Kind::memset)};
+      act("a", "k1", 7, 0, 300 * kUs),
+      act("b", "k2", 7, 300 * kUs, 400 * kUs),
+      act("a", "k1", 8, 100 * kUs, 250 * kUs),
+      act("c", "memcpy HtoD", 7, 500 * kUs, 530 * kUs, GpuActivity::Kind::memcpy),
+      act("b", "k3", 9, 600 * kUs, 1000 * kUs),
+      act("c", "memset", 7, 530 * kUs, 531 * kUs, GpuActivity::Kind::memset)};
   TraceWindow w;
   w.start_ns = 0;
   w.end_ns = 2 * kMs;
@@ -137,7 +140,8 @@ TEST(KernelBreakdown, PerOpRatesUseBusyTimeAndCallCount) {
   EXPECT_NE(md.find("| gemm | 2 | 2 | 3.00 | 60.0% | 2.00 | 50.0% | 1000.0 | 101.1% | 126.9% | 4000 | 90.3% |"),
             std::string::npos)
       << md;
-  EXPECT_NE(md.find("| copy | 1 | 1 | 1.00 | 20.0% | 1.00 | 25.0% | – | – | – | – | – |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| copy | 1 | 1 | 1.00 | 20.0% | 1.00 | 25.0% | – | – | – | – | – |"), std::string::npos)
+      << md;
 }
 
 TEST(KernelBreakdown, TopKernelsByTimeWithTheirMainOp) {

@@ -28,8 +28,10 @@ TEST(OpCosts, LinearLayersCostSixFlopsPerParameterPerToken) {
   double sum = 0;
   for (const char* op : {"q/k/v projection", "q/k/v projection backward", "o_proj", "o_proj backward",
                          "expert gate_up grouped GEMM", "expert down_proj grouped GEMM",
-                         "expert down_proj grouped GEMM (backward, data)", "expert down_proj grouped GEMM (backward, weights)",
-                         "expert gate_up grouped GEMM (backward, weights)", "expert gate_up grouped GEMM (backward, data)"}) {
+                         "expert down_proj grouped GEMM (backward, data)",
+                         "expert down_proj grouped GEMM (backward, weights)",
+                         "expert gate_up grouped GEMM (backward, weights)",
+                         "expert gate_up grouped GEMM (backward, data)"}) {
     ASSERT_TRUE(t.contains(op)) << op;
     sum += t.at(op).flops;
   }
@@ -70,5 +72,7 @@ TEST(OpCosts, TableKnowsEveryOpOfTheCudaModel) {
     seen.insert((*it)[1].str());
   }
   EXPECT_GT(seen.size(), 30u);
-  for (const auto& op : seen) EXPECT_TRUE(t.contains(op)) << "op \"" << op << "\" of model_cuda.cpp is not in op_costs.cpp";
+  for (const auto& op : seen) {
+    EXPECT_TRUE(t.contains(op)) << "op \"" << op << "\" of model_cuda.cpp is not in op_costs.cpp";
+  }
 }

@@ -51,7 +51,8 @@ std::string cell(const std::string& s, std::size_t width = 90) {
 }  // namespace
 
 KernelBreakdown make_kernel_breakdown(std::span<const GpuActivity> acts, const TraceWindow& window,
-                                      const std::map<std::string, OpCost, std::less<>>& costs, std::size_t top_kernels) {
+                                      const std::map<std::string, OpCost, std::less<>>& costs,
+                                      std::size_t top_kernels) {
   std::uint64_t w0 = window.start_ns, w1 = window.end_ns;
   if (w1 <= w0 && !acts.empty()) {
     w0 = acts.front().start_ns;
@@ -198,7 +199,8 @@ std::string KernelBreakdown::markdown() const {
                   fmt("%.1f", gpu_ms) + " ms summed over " + std::to_string(kernels) + " kernels and " +
                   std::to_string(copies) + " copies/memsets on all streams; " + std::to_string(dropped_records) +
                   " records dropped.\n\n";
-  s += "| op | calls | kernels | GPU ms | share | busy ms | of window | TFLOP/s | of 989.4 | of 788 | GB/s | of 4.43 TB/s |\n";
+  s += "| op | calls | kernels | GPU ms | share | busy ms | of window | TFLOP/s | of 989.4 | of 788 | GB/s | "
+       "of 4.43 TB/s |\n";
   s += "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& o : ops) {
     const bool f = o.has_flops(), b = o.has_bytes();
@@ -210,7 +212,8 @@ std::string KernelBreakdown::markdown() const {
          (b ? fmt("%.0f", o.gbps) : dash) + " | " + (b ? pct(o.gbps * 1e9 / Roofline::hbm_read_measured_bytes) : dash) +
          " |\n";
   }
-  s += "\nTop kernels by GPU time:\n\n| kernel | count | GPU ms | share | top op |\n| --- | ---: | ---: | ---: | --- |\n";
+  s += "\nTop kernels by GPU time:\n\n| kernel | count | GPU ms | share | top op |\n"
+       "| --- | ---: | ---: | ---: | --- |\n";
   for (const auto& k : top_kernels) {
     s += "| " + cell(k.name) + " | " + std::to_string(k.count) + " | " + fmt("%.2f", k.gpu_ms) + " | " +
          pct(k.share_gpu) + " | " + cell(k.top_op) + " |\n";

@@ -560,7 +560,8 @@ void CudaRun::begin_trace() {
   } catch (const ght::cuda_error& e) {
     tracer_.reset();
     ght::log::warn(std::string("--trace-kernels: CUPTI is unavailable, training continues without the kernel "
-                          "breakdown: ") + e.what());
+                               "breakdown: ") +
+                   e.what());
     return;
   }
   model_->set_op_hook([this](const char* op, int /*layer*/) {
@@ -589,20 +590,21 @@ void CudaRun::end_trace(std::int64_t step_no) {
   in.grad_bytes = static_cast<int>(optimizer::grad_type_size(model_->grad_type()));
   in.optimizer_state_in_hbm = state_in_hbm_;
   const KernelBreakdown b = make_kernel_breakdown(acts, w, op_cost_table(mc, in));
-  const std::string what =
-      "step " + std::to_string(step_no) + " of " + mc.name + ": " + std::to_string(mc.tokens_per_step()) +
-      " tokens (" + std::to_string(mc.grad_accum) + " micro-batches of " + std::to_string(mc.micro_batch) + " x " +
-      std::to_string(mc.seq_len) + "), expert GEMMs " + std::string(kernels::cuda::to_string(model_->options().expert_impl)) +
-      ", attention " + std::string(kernels::cuda::to_string(model_->attention_used())) + ", optimizer state " +
-      (state_in_hbm_ ? "in HBM" : "(partly) on the host");
+  const std::string gemm(kernels::cuda::to_string(model_->options().expert_impl));
+  const std::string attention(kernels::cuda::to_string(model_->attention_used()));
+  const std::string what = "step " + std::to_string(step_no) + " of " + mc.name + ": " +
+                           std::to_string(mc.tokens_per_step()) + " tokens (" + std::to_string(mc.grad_accum) +
+                           " micro-batches of " + std::to_string(mc.micro_batch) + " x " + std::to_string(mc.seq_len) +
+                           "), expert GEMMs " + gemm + ", attention " + attention + ", optimizer state " +
+                           (state_in_hbm_ ? "in HBM" : "(partly) on the host");
   nlohmann::ordered_json j = {{"step", step_no},
                               {"model", mc.name},
                               {"tokens_per_step", mc.tokens_per_step()},
                               {"micro_batch", mc.micro_batch},
                               {"seq_len", mc.seq_len},
                               {"grad_accum", mc.grad_accum},
-                              {"expert_gemm", std::string(kernels::cuda::to_string(model_->options().expert_impl))},
-                              {"attention", std::string(kernels::cuda::to_string(model_->attention_used()))},
+                              {"expert_gemm", gemm},
+                              {"attention", attention},
                               {"optimizer_state_in_hbm", state_in_hbm_},
                               {"grad_bytes", in.grad_bytes}};
   const nlohmann::ordered_json bj = b.json();
