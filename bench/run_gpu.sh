@@ -5,9 +5,13 @@
 #   source .deps/env.sh && bench/run_gpu.sh [STAGE ...]
 # Stages (default: all, in this order):
 #   build probe test sanitizer torch interop bench-alloc bench-opt bench-kernels train
-# Opt-in stage (not in the default list): trace, an nsys trace of 3 bench-h200 steps with the state
-# on the host, no clipping, one micro-batch of 4 and speculative updates (TRACE_SPECULATE, default
-# 24GiB; 0 for the plain step), with `nsys stats` summaries in $OUT/trace_stats.txt.
+# Opt-in stage (not in the default list): trace, the GPU time per op of one bench-h200 training
+# step (CUPTI, `ght train --trace-kernels`), everything in HBM (GHT_OPTIMIZER=device), 16
+# micro-batches (64k tokens/step), 3 steps of which the third is traced; the tables go to
+# $OUT/kernel_breakdown.{md,json}. TRACE_ARGS replaces the run's settings (default
+# "-o model.grad_accum=16 --steps 3 --profile-steps 3"); TRACE_NAME=<name> writes
+# $OUT/kernel_breakdown_<name>.{md,json} instead, so a second run with other settings (GHT_*
+# variables pass through) keeps the first one's files.
 # Output: everything goes to stdout and to $OUT/run.log (or build-gpu/run.log without $OUT);
 # JSON results are collected into $OUT/results.tgz. GPU tests run with GHT_TEST_REQUIRE_GPU=1, so
 # a missing device fails them instead of skipping.
@@ -95,17 +99,16 @@ fi
 
 if want trace; then
   trace() {
-    command -v nsys >/dev/null || { echo "nsys not found on this machine"; return 1; }
     bash bench/make_bench_data.sh "$ght" || return 1
-    GHT_SAVE_CHECKPOINTS=off GHT_OPT_SPECULATE=${TRACE_SPECULATE:-24GiB} nsys profile -t cuda,osrt \
-      -o "$out/trace" --force-overwrite true "$ght" train --config configs/bench-h200.toml \
-      --out build-gpu/train-runs/trace --overwrite --backend cuda -o train.steps=3 -o optimizer.max_grad_norm=0 \
-      -o model.micro_batch=4 -o model.grad_accum=1 || return 1
-    nsys stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum -f csv -o "$out/trace_stats" \
-      "$out/trace.nsys-rep" >/dev/null 2>&1
-    nsys stats -r cuda_api_sum,cuda_gpu_kern_sum,cuda_gpu_mem_time_sum "$out/trace.nsys-rep" \
-      > "$out/trace_stats.txt" 2>&1
-    head -60 "$out/trace_stats.txt"
+    local sfx=${TRACE_NAME:+_$TRACE_NAME} run=build-gpu/train-runs/trace${TRACE_NAME:+-$TRACE_NAME}
+    # shellcheck disable=SC2086  # TRACE_ARGS is a list of arguments
+    GHT_SAVE_CHECKPOINTS=off GHT_OPTIMIZER=${GHT_OPTIMIZER:-device} "$ght" train --config configs/bench-h200.toml \
+      --out "$run" --overwrite --backend cuda ${TRACE_ARGS:--o model.grad_accum=16 --steps 3 --profile-steps 3} \
+      --trace-kernels || return 1
+    [ -f "$run/kernel_breakdown.md" ] || { echo "no kernel breakdown (see the warning above)"; return 1; }
+    cp "$run/kernel_breakdown.md" "$out/kernel_breakdown$sfx.md"
+    cp "$run/kernel_breakdown.json" "$out/kernel_breakdown$sfx.json"
+    cp "$run/profile.json" "$res/trace${sfx}_profile.json"
   }
   run_stage trace trace
 fi

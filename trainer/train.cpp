@@ -57,6 +57,7 @@ class CpuBackend final : public TrainBackend {
       s.say("note: --profile-steps applies to the cuda backend; the cpu backend logs each step's time and "
             "tokens/s to log.jsonl only");
     }
+    if (s.run.trace_kernels) s.say("note: --trace-kernels traces CUDA kernels; the cpu backend has none to trace");
   }
 
   [[nodiscard]] std::string name() const override { return "cpu"; }

@@ -28,6 +28,10 @@ struct TrainRunOptions {
   /// of this run's first N steps to <out>/profile.json, rewritten after each of them; 0 = off.
   /// Every step's breakdown also goes to log.jsonl as a "profile" record either way.
   std::int64_t profile_steps = 0;
+  /// cuda backend: trace the kernels of the last profiled step with CUPTI and write the per-op
+  /// GPU time to <out>/kernel_breakdown.{json,md} (trainer/cuda/kernel_trace.hpp); needs
+  /// profile_steps >= 1. The cpu backend says so and ignores it.
+  bool trace_kernels = false;
 };
 
 struct TrainSummary {

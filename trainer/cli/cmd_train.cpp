@@ -19,6 +19,7 @@ struct TrainArgs {
   bool overwrite = false;
   std::optional<std::int64_t> stop_at;
   std::int64_t profile_steps = 0;
+  bool trace_kernels = false;
   // Shorthands for the most used overrides.
   std::string data, out, backend;
   std::optional<std::int64_t> steps;
@@ -87,6 +88,9 @@ void setup(CLI::App& app) {
                 "cuda backend: write the forward/backward/exposed-optimizer/link breakdown of the first N "
                 "steps to <out>/profile.json (0: off)")
       ->check(int_at_least(0, "a step count, 0 or more"));
+  c->add_flag("--trace-kernels", args->trace_kernels,
+              "cuda backend: trace the last profiled step's kernels (CUPTI) and write the per-op GPU time, "
+              "TFLOP/s and GB/s to <out>/kernel_breakdown.{md,json}; needs --profile-steps N");
   c->add_flag("--print-config", args->print_config, "Print the resolved configuration as JSON and exit");
   c->add_flag("-v,--verbose", args->verbose, "Also print the resolved configuration before training");
   c->callback([args] {
@@ -99,6 +103,10 @@ void setup(CLI::App& app) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "schedule.lr=%.17g", *args->lr);
       ov.push_back(buf);
+    }
+    if (args->trace_kernels && args->profile_steps < 1) {
+      throw ght::logic_error("--trace-kernels traces the last of the --profile-steps N steps: add --profile-steps N "
+                             "(N >= 1)");
     }
     const auto cfg = ght::trainer::resolve_train_config(args->preset, args->config, ov);
     if (args->print_config) {
@@ -122,6 +130,7 @@ void setup(CLI::App& app) {
     run.overwrite = args->overwrite;
     run.stop_at = args->stop_at;
     run.profile_steps = args->profile_steps;
+    run.trace_kernels = args->trace_kernels;
     const auto s = ght::trainer::train(cfg, run);
     if (s.rank != 0) return;  // rank 0 reports for a run of several processes
     if (s.last_step == s.first_step) {

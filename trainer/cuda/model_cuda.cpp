@@ -233,6 +233,7 @@ struct CudaMoEModel::Impl {
   int B = 0, T = 0;
   bool has_forward = false;
   Hooks hooks;
+  std::function<void(const char*, int)> op_hook;  // kernel tracing: told of every op
   const char* op_name = "idle";
   int op_layer = -1;
 
@@ -298,6 +299,7 @@ struct CudaMoEModel::Impl {
     if (opts.sync_each_op) GHT_CUDA_TRY(cudaStreamSynchronize(stream));
     op_name = name;
     op_layer = layer;
+    if (op_hook) op_hook(name, layer);
   }
 
   std::string context() const {
@@ -850,6 +852,9 @@ void* CudaMoEModel::grads() { return impl_->G; }
 optimizer::GradType CudaMoEModel::grad_type() const { return impl_->opts.grad_type; }
 int CudaMoEModel::num_units() const { return impl_->cfg.layers + 2; }
 void CudaMoEModel::set_hooks(Hooks hooks) { impl_->hooks = std::move(hooks); }
+void CudaMoEModel::set_op_hook(std::function<void(const char* op, int layer)> hook) {
+  impl_->op_hook = std::move(hook);
+}
 
 const NamedTensor& CudaMoEModel::tensor(std::string_view name) const {
   for (const auto& t : impl_->tensors) {

@@ -124,6 +124,9 @@ class CudaMoEModel {
   [[nodiscard]] int num_units() const;
   [[nodiscard]] std::pair<std::size_t, std::size_t> unit_range(int unit) const;
   void set_hooks(Hooks hooks);
+  /// Called before each op is enqueued with its label (e.g. "o_proj") and layer (-1: none), so
+  /// that a kernel tracer (kernel_trace.hpp) attributes the op's GPU work. Empty: no call.
+  void set_op_hook(std::function<void(const char* op, int layer)> hook);
 
   /// MoEModel<float>::init(seed)'s values, rounded to bf16; zeroes the gradients.
   void init(std::uint64_t seed);

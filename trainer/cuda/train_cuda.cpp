@@ -27,9 +27,13 @@
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
 #include "tier/link.hpp"
+#include "tier/log.hpp"
 #include "tier/plan.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/cuda/kernel_breakdown.hpp"
+#include "trainer/cuda/kernel_trace.hpp"
 #include "trainer/cuda/model_cuda.hpp"
+#include "trainer/cuda/op_costs.hpp"
 #include "trainer/data.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/loop.hpp"
@@ -42,7 +46,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr double kPeakFlops = 989.4e12;  // dense bf16 peak of an H100/H200 SXM (DESIGN.md)
+constexpr double kPeakFlops = Roofline::bf16_dense_datasheet_flops;  // op_costs.hpp gives its source
 
 // ---- placement -----------------------------------------------------------------------------
 
@@ -122,6 +126,7 @@ struct StepProfile {
   std::size_t speculated_params = 0;  // updated during the last backward, before the grad norm
   double spec_host_ms = 0;            // host time spent launching those updates
   bool speculation_undone = false;    // ...and recomputed or restored after it
+  bool traced = false;                // its kernels were traced (--trace-kernels): perturbed
   std::optional<double> prev_opt_update_ms;
   nlohmann::ordered_json memory;  // memory_json() after the step: bytes per tier and class
   [[nodiscard]] nlohmann::ordered_json json() const {
@@ -142,6 +147,7 @@ struct StepProfile {
                                 {"spec_host_ms", spec_host_ms},
                                 {"speculation_undone", speculation_undone}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
+    if (traced) j["traced"] = true;
     if (!memory.is_null()) j["memory"] = memory;
     return j;
   }
@@ -218,6 +224,11 @@ class CudaRun final : public TrainBackend {
   void after_unit_backward(int u);
   void stream_unit(int u);
   void speculate_unit(int u);
+  /// --trace-kernels: whether step `step` (steps completed before it) is the last profiled one.
+  [[nodiscard]] bool traced_step(std::int64_t step) const;
+  void begin_trace();
+  /// Waits for the step's update, then writes and prints the breakdown of step `step_no`.
+  void end_trace(std::int64_t step_no);
 
   TrainSession& s_;
   TrainConfig cfg_;
@@ -255,6 +266,9 @@ class CudaRun final : public TrainBackend {
   std::vector<Event> unit_done_;              // stream mode: recorded after each unit's backward
   std::vector<StepProfile> profile_;
   StepProfile last_profile_;
+  bool state_in_hbm_ = false;              // every region's master/m/v in HBM (device path)
+  std::unique_ptr<KernelTracer> tracer_;   // alive during the traced step only
+  std::uint64_t trace_start_ns_ = 0;
   std::string mfu_formula_;
   bool extra_work_since_last_step_ = false;
 };
@@ -383,6 +397,7 @@ void CudaRun::setup() {
     }
     if (stream_grads_) link_d2h_per_step_ += 2.0 * n * mc.grad_accum;  // bf16 per micro-batch
   }
+  state_in_hbm_ = by_path[0] == 0 && by_path[1] == 0;
 
   model_->set_hooks({[this](int u) { before_unit_forward(u); }, [this](int u) { after_unit_backward(u); }});
   ev_[0] = std::make_unique<StepEvents>(mc.grad_accum, U);
@@ -492,6 +507,7 @@ void CudaRun::before_unit_forward(int u) {
     // instead of all at once at the start of the step, which would wait for the whole update.
     const auto [a, e] = unit_range_[uu];
     const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
+    if (tracer_) tracer_->set_op(kOpZeroGrads);
     GHT_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(model_->grads()) + a * gsize, 0, (e - a) * gsize, s));
   }
   if (training_ && u == model_->num_units() - 1) cur_->fwd_end[static_cast<std::size_t>(micro_)].record(s);
@@ -512,6 +528,7 @@ void CudaRun::after_unit_backward(int u) {
 // optimizer validates this in begin_step (exact: undone when the step clips or skips).
 void CudaRun::speculate_unit(int u) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (tracer_) tracer_->set_op(kOpSpeculate);
   for (std::size_t r : unit_regions_[static_cast<std::size_t>(u)]) {
     if (opt_->speculate_region(r, step_lr_, model_->stream()) == optimizer::Speculation::no_room) {
       speculate_now_ = false;  // the undo arena is full for this step
@@ -523,6 +540,7 @@ void CudaRun::speculate_unit(int u) {
 
 void CudaRun::stream_unit(int u) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (tracer_) tracer_->set_op(kOpGradStream);
   const auto [a, e] = unit_range_[static_cast<std::size_t>(u)];
   // The accumulator waits for everything queued on its producer stream; a side stream that
   // waits only for this unit's backward keeps it from waiting for the next unit's as well.
@@ -533,7 +551,83 @@ void CudaRun::stream_unit(int u) {
   stream_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// ---- one step ----------------------------------------------------------------------------------
+// ---- kernel trace (--trace-kernels) ------------------------------------------------------------
+
+bool CudaRun::traced_step(std::int64_t step) const {
+  const auto profiled = static_cast<std::int64_t>(profile_.size());
+  if (!run_.trace_kernels || profiled >= run_.profile_steps) return false;
+  // The profile's last step, or the run's last when it stops before the profile is complete.
+  const std::int64_t last = run_.stop_at ? std::min(*run_.stop_at, cfg_.steps) : cfg_.steps;
+  return profiled + 1 == run_.profile_steps || step + 1 == last;
+}
+
+// The previous update finishes first, so the window holds this step's work alone. CUPTI
+// refusing (e.g. profiling not permitted) costs the breakdown, not the run.
+void CudaRun::begin_trace() {
+  synchronize();
+  try {
+    tracer_ = std::make_unique<KernelTracer>();
+    trace_start_ns_ = KernelTracer::now_ns();
+  } catch (const ght::cuda_error& e) {
+    tracer_.reset();
+    ght::log::warn(std::string("--trace-kernels: CUPTI is unavailable, training continues without the kernel "
+                               "breakdown: ") +
+                   e.what());
+    return;
+  }
+  model_->set_op_hook([this](const char* op, int /*layer*/) {
+    if (tracer_) tracer_->set_op(op);
+  });
+}
+
+void CudaRun::end_trace(std::int64_t step_no) {
+  model_->set_op_hook({});
+  synchronize();  // the step's update ran on the optimizer's stream
+  TraceWindow w;
+  std::vector<GpuActivity> acts;
+  try {
+    const std::uint64_t end_ns = KernelTracer::now_ns();
+    acts = tracer_->finish(w);
+    w.start_ns = trace_start_ns_;
+    w.end_ns = end_ns;
+  } catch (const ght::cuda_error& e) {
+    tracer_.reset();
+    ght::log::warn(std::string("--trace-kernels: collecting the trace failed, no kernel breakdown: ") + e.what());
+    return;
+  }
+  tracer_.reset();
+  const ModelConfig& mc = cfg_.model;
+  OpCostInputs in;
+  in.grad_bytes = static_cast<int>(optimizer::grad_type_size(model_->grad_type()));
+  in.optimizer_state_in_hbm = state_in_hbm_;
+  const KernelBreakdown b = make_kernel_breakdown(acts, w, op_cost_table(mc, in));
+  const std::string gemm(kernels::cuda::to_string(model_->options().expert_impl));
+  const std::string attention(kernels::cuda::to_string(model_->attention_used()));
+  const std::string what = "step " + std::to_string(step_no) + " of " + mc.name + ": " +
+                           std::to_string(mc.tokens_per_step()) + " tokens (" + std::to_string(mc.grad_accum) +
+                           " micro-batches of " + std::to_string(mc.micro_batch) + " x " + std::to_string(mc.seq_len) +
+                           "), expert GEMMs " + gemm + ", attention " + attention + ", optimizer state " +
+                           (state_in_hbm_ ? "in HBM" : "(partly) on the host");
+  nlohmann::ordered_json j = {{"step", step_no},
+                              {"model", mc.name},
+                              {"tokens_per_step", mc.tokens_per_step()},
+                              {"micro_batch", mc.micro_batch},
+                              {"seq_len", mc.seq_len},
+                              {"grad_accum", mc.grad_accum},
+                              {"expert_gemm", gemm},
+                              {"attention", attention},
+                              {"optimizer_state_in_hbm", state_in_hbm_},
+                              {"grad_bytes", in.grad_bytes}};
+  const nlohmann::ordered_json bj = b.json();
+  for (auto it = bj.begin(); it != bj.end(); ++it) j[it.key()] = it.value();
+  const std::string md = "# Kernel breakdown: " + what + "\n\n" + b.markdown();
+  const fs::path dir(cfg_.out);
+  fs::create_directories(dir);
+  fileio::atomic_write((dir / "kernel_breakdown.json").string(), j.dump(2) + "\n");
+  fileio::atomic_write((dir / "kernel_breakdown.md").string(), md);
+  say(md);
+  say("kernel breakdown: " + (dir / "kernel_breakdown.md").string() + ", " + (dir / "kernel_breakdown.json").string());
+}
 
 // ---- one step ----------------------------------------------------------------------------------
 
@@ -541,6 +635,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   const ModelConfig& mc = cfg_.model;
   const int B = mc.micro_batch, T = mc.seq_len, A = mc.grad_accum;
   const cudaStream_t s = model_->stream();
+  if (traced_step(step)) begin_trace();
   const auto t0 = std::chrono::steady_clock::now();
   step_ = step;
   if (first_step_ < 0) first_step_ = step;
@@ -582,10 +677,12 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
+  if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
   const bool gpu_opt = opt_->stream() != nullptr;
   if (gpu_opt) cur_->opt_start.record(opt_->stream());
+  if (tracer_) tracer_->set_op(kOpUpdate);
   for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
   if (gpu_opt) {
     for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
@@ -602,7 +699,11 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
-  const StepProfile p = measure_step(dt, sr, opt_host_ms);
+  StepProfile p = measure_step(dt, sr, opt_host_ms);
+  if (tracer_) {
+    p.traced = true;
+    end_trace(p.step);
+  }
   if (static_cast<std::int64_t>(profile_.size()) < run_.profile_steps) {
     profile_.push_back(p);
     if (static_cast<std::int64_t>(profile_.size()) == run_.profile_steps) write_profile();
@@ -716,7 +817,9 @@ void CudaRun::write_profile() {
       {"speculated_params", "parameters updated during the last backward, before the grad norm (GHT_OPT_SPECULATE)"},
       {"spec_host_ms", "host time spent launching the speculative updates (the backward waits for it)"},
       {"speculation_undone", "the step clipped or was skipped, so those updates were recomputed or restored"},
-      {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"}};
+      {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"},
+      {"traced", "the step whose kernels were traced (--trace-kernels, kernel_breakdown.json): it starts after the "
+                 "previous update and waits for its own, and CUPTI slows it, so the medians leave it out"}};
   nlohmann::ordered_json pl;
   pl["placement"] = plan_ ? "plan (" + std::string(tier::to_string(plan_->options().policy)) + ")" : "none";
   pl["gradients"] = stream_grads_ ? "stream (bf16 -> fp32 host accumulator)" : "accumulate in HBM (fp32)";
@@ -741,6 +844,7 @@ void CudaRun::write_profile() {
   for (const auto& p : profile_) {
     steps.push_back(p.json());
     if (&p == &profile_.front() && profile_.size() > 1) continue;  // warm-up step
+    if (p.traced) continue;
     fw.push_back(p.forward_ms);
     bw.push_back(p.backward_ms);
     ex.push_back(p.opt_exposed_ms);
@@ -800,6 +904,11 @@ TrainSummary CudaRun::go() {
 }  // namespace
 
 TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run) {
+  GHT_EXPECTS(!run.trace_kernels || kernel_trace_built(),
+              "--trace-kernels: this build has no kernel tracer (built without CUPTI: CUDA::cupti was not found at "
+              "configure time)");
+  GHT_EXPECTS(!run.trace_kernels || run.profile_steps >= 1,
+              "--trace-kernels traces the last of the --profile-steps N steps: set profile_steps >= 1");
   TrainSession s(cfg, run);  // before the GPU is touched: run directory, data
   CudaRun r(s);
   return r.go();
