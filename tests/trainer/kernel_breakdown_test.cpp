@@ -108,7 +108,7 @@ TEST(KernelBreakdown, PerOpRatesUseBusyTimeAndCallCount) {
   w.op_calls = {{"gemm", 2}, {"copy", 1}};
   std::map<std::string, OpCost, std::less<>> costs = {{"gemm", {1e12, 4e9}}, {"copy", {0, 0}}};
   const KernelBreakdown b = make_kernel_breakdown(acts, w, costs);
-  const OpTime& g = find_op(b, "gemm");
+  const OpTime g = find_op(b, "gemm");
   EXPECT_EQ(g.calls, 2);
   EXPECT_DOUBLE_EQ(g.busy_ms, 2.0);
   EXPECT_DOUBLE_EQ(g.gpu_ms, 3.0);
@@ -116,11 +116,11 @@ TEST(KernelBreakdown, PerOpRatesUseBusyTimeAndCallCount) {
   EXPECT_DOUBLE_EQ(g.bytes, 8e9);
   EXPECT_DOUBLE_EQ(g.tflops, 1000.0);  // 2e12 FLOP / 2 ms
   EXPECT_DOUBLE_EQ(g.gbps, 4000.0);    // 8e9 B / 2 ms
-  const OpTime& c = find_op(b, "copy");
+  const OpTime c = find_op(b, "copy");
   EXPECT_FALSE(c.has_flops());
   EXPECT_FALSE(c.has_bytes());
   // Work launched outside any op keeps its own row, with no calls and no formula.
-  const OpTime& stray = find_op(b, kNoOpLabel);
+  const OpTime stray = find_op(b, kNoOpLabel);
   EXPECT_EQ(stray.calls, 0);
   EXPECT_DOUBLE_EQ(stray.gpu_ms, 1.0);
 
