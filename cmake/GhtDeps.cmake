@@ -63,8 +63,9 @@ endif()
 # .pydeps/ (scripts/install-deps.sh installs the nvidia-cutlass wheel there), then an installed
 # nvidia-cutlass Python package. Needs sm_90 among GHT_CUDA_ARCH (its kernels are built for 90a).
 set(GHT_CUTLASS_DIR "" CACHE PATH "CUTLASS include directory (the one holding cutlass/ and cute/)")
+option(GHT_WITH_CUTLASS "Build the CUTLASS grouped GEMM when CUTLASS is found" ON)
 set(GHT_HAVE_CUTLASS OFF)
-if(GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" IN_LIST GHT_CUDA_ARCH))
+if(GHT_WITH_CUTLASS AND GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" IN_LIST GHT_CUDA_ARCH))
   set(_ght_cutlass_hints ${GHT_CUTLASS_DIR} $ENV{CUTLASS_INCLUDE_DIR}
       ${PROJECT_SOURCE_DIR}/.pydeps/cutlass_library/source/include)
   find_package(Python3 COMPONENTS Interpreter QUIET)

@@ -543,6 +543,18 @@ std::string_view to_string(GroupedGemmImpl impl) noexcept {
   return "?";
 }
 
+bool cutlass_available() noexcept {
+#if defined(GHT_HAVE_CUTLASS)
+  return true;
+#else
+  return false;
+#endif
+}
+
+GroupedGemmImpl default_grouped_gemm_impl() noexcept {
+  return cutlass_available() ? GroupedGemmImpl::cutlass : GroupedGemmImpl::cublaslt_streams;
+}
+
 bool cutlass_covers(const GroupedGemmVarM& args) {
   GroupedGemmVarM g = args;
   normalise(g);

@@ -63,19 +63,11 @@ inline constexpr int kExpertStreams = 4;
 }
 
 /// True when this build has the CUTLASS grouped GEMM (CMake found CUTLASS; sm_90a kernels).
-[[nodiscard]] constexpr bool cutlass_available() noexcept {
-#if defined(GHT_HAVE_CUTLASS)
-  return true;
-#else
-  return false;
-#endif
-}
+[[nodiscard]] bool cutlass_available() noexcept;
 
-/// The fastest implementation this build has that never synchronises: cutlass when built in,
-/// else cublaslt_streams (which downloads the offsets once per layer).
-[[nodiscard]] constexpr GroupedGemmImpl default_grouped_gemm_impl() noexcept {
-  return cutlass_available() ? GroupedGemmImpl::cutlass : GroupedGemmImpl::cublaslt_streams;
-}
+/// The default implementation: cutlass when built in (no host sync), else cublaslt_streams
+/// (which downloads the offsets once per layer).
+[[nodiscard]] GroupedGemmImpl default_grouped_gemm_impl() noexcept;
 
 [[nodiscard]] std::string_view to_string(GroupedGemmImpl impl) noexcept;
 
