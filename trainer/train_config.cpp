@@ -41,6 +41,7 @@ std::pair<std::int64_t, std::int64_t> int_range(const std::string& key) {
       {"train.log_every", {1, kSteps}},
       {"train.threads", {0, 4096}},
       {"schedule.warmup_steps", {0, kSteps}},
+      {"diloco.inner_steps", {0, kSteps}},
   };
   const auto it = r.find(key);
   GHT_EXPECTS(it != r.end(), "train config: no range declared for integer key '" + key + "'");
@@ -149,6 +150,10 @@ const std::map<std::string, Setter>& setters() {
       GHT_FIELD("schedule", min_lr, schedule.min_lr),
       GHT_FIELD("schedule", warmup_steps, schedule.warmup_steps),
       GHT_FIELD("schedule", decay_fraction, schedule.decay_fraction),
+      GHT_FIELD("diloco", inner_steps, diloco.inner_steps),
+      GHT_FIELD("diloco", outer_lr, diloco.outer_lr),
+      GHT_FIELD("diloco", outer_momentum, diloco.outer_momentum),
+      GHT_FIELD("diloco", bf16_pseudo_grads, diloco.bf16_pseudo_grads),
   };
   return s;
 }
@@ -183,7 +188,7 @@ void apply_document(TrainConfig& c, const toml::value& doc, const std::string& o
   for (const auto& [section, table] : top) {
     if (!table.is_table()) {
       throw ght::logic_error(origin + ": '" + section +
-                             "' must be a table ([model], [train], [optimizer], [schedule])");
+                             "' must be a table ([model], [train], [optimizer], [schedule], [diloco])");
     }
     for (const auto& [key, value] : table.as_table()) {
       if (section == "model" && key == "preset") continue;
@@ -250,6 +255,21 @@ void TrainConfig::validate() const {
            std::to_string(steps / 10);
     fail("schedule.warmup_steps", why);
   }
+  finite("diloco.outer_lr", diloco.outer_lr);
+  finite("diloco.outer_momentum", diloco.outer_momentum);
+  if (diloco.inner_steps < 0) fail("diloco.inner_steps", "must be >= 0 (0 = off), got " + std::to_string(diloco.inner_steps));
+  if (!(diloco.outer_lr > 0 && diloco.outer_lr <= 10)) {
+    fail("diloco.outer_lr", "must be in (0, 10], got " + number_text(diloco.outer_lr));
+  }
+  if (!(diloco.outer_momentum >= 0 && diloco.outer_momentum < 1)) {
+    fail("diloco.outer_momentum", "must be in [0, 1), got " + number_text(diloco.outer_momentum));
+  }
+  // Mid-window every rank holds its own weights: an eval there would mix the workers' models.
+  if (diloco.on() && eval_every % diloco.inner_steps != 0) {
+    fail("train.eval_every", "(" + std::to_string(eval_every) + ") must be a multiple of diloco.inner_steps (" +
+                                 std::to_string(diloco.inner_steps) +
+                                 "), so that evals see the synchronised model (0: only at the end)");
+  }
   schedule.validate();
 }
 
@@ -277,6 +297,8 @@ nlohmann::ordered_json TrainConfig::to_json() const {
   j["schedule"] = {{"kind", std::string(to_string(schedule.kind))}, {"lr", schedule.lr},
                    {"min_lr", schedule.min_lr}, {"warmup_steps", schedule.warmup_steps},
                    {"decay_fraction", schedule.decay_fraction}};
+  j["diloco"] = {{"inner_steps", diloco.inner_steps}, {"outer_lr", diloco.outer_lr},
+                 {"outer_momentum", diloco.outer_momentum}, {"bf16_pseudo_grads", diloco.bf16_pseudo_grads}};
   return j;
 }
 

@@ -12,6 +12,7 @@
  *                log_every, threads
  *   [optimizer]  beta1, beta2, eps, weight_decay, max_grad_norm
  *   [schedule]   kind (cosine|linear|wsd|constant), lr, min_lr, warmup_steps, decay_fraction
+ *   [diloco]     inner_steps, outer_lr, outer_momentum, bf16_pseudo_grads (trainer/diloco.hpp)
  * Overrides use the same names: "model.d_model=128", "train.steps=500", "schedule.lr=1e-3".
  *
  * Every integer is range-checked before it is narrowed (model fields: model_int_ranges(); train
@@ -34,10 +35,22 @@ namespace ght::trainer {
 /// shorter run clamps it to train.steps (wsd: to the steps before the decay phase).
 inline constexpr std::int64_t kDefaultWarmupSteps = 20;
 
+/// DiLoCo (trainer/diloco.hpp): every rank a worker taking `inner_steps` local AdamW steps, then
+/// an outer Nesterov SGD step on the rank-averaged pseudo-gradient. inner_steps 0: plain data
+/// parallel. The defaults are the DiLoCo paper's (Douillard et al. 2023).
+struct DilocoConfig {
+  std::int64_t inner_steps = 0;    ///< H; 0 = off
+  double outer_lr = 0.7;           ///< in (0, 10]
+  double outer_momentum = 0.9;     ///< Nesterov momentum, in [0, 1)
+  bool bf16_pseudo_grads = false;  ///< round the pseudo-gradients to bf16 before the all-reduce
+  [[nodiscard]] bool on() const noexcept { return inner_steps > 0; }
+};
+
 struct TrainConfig {
   ModelConfig model;
   ScheduleConfig schedule;     ///< total_steps follows `steps`
   optimizer::AdamWHyper adam;
+  DilocoConfig diloco;
   std::string data = "build/data/demo";  ///< directory or glob of train_*/val_* shards
   std::string out = "runs/tiny";         ///< run directory: checkpoints, log.jsonl
   std::int64_t steps = 1000;
