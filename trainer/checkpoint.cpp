@@ -57,7 +57,8 @@ struct FileEntry {
   std::uint64_t size = 0, hash = 0;
 };
 
-FileEntry write_tensors(const fs::path& path, const std::vector<CheckpointTensorView>& group) {
+FileEntry write_tensors(const fs::path& path, const std::vector<CheckpointTensorView>& group,
+                        const StMetadata& metadata = {{"format", "pt"}}) {
   std::vector<TensorRef> refs;
   refs.reserve(group.size());
   for (const auto& t : group) {
@@ -69,7 +70,7 @@ FileEntry write_tensors(const fs::path& path, const std::vector<CheckpointTensor
     refs.push_back({t.name, StDtype::F32, t.shape, t.data.data()});
   }
   fileio::OutFile f(path.string(), /*hash=*/true);
-  write_safetensors(f, refs, {{"format", "pt"}});
+  write_safetensors(f, refs, metadata);
   f.close();
   return {f.bytes_written(), f.digest()};
 }
@@ -186,7 +187,7 @@ void check_hash(const fs::path& file, const FileEntry& want, std::uint64_t hash)
 // Tensors of a safetensors file, read once and checksummed on the way (header bytes, then the
 // tensors' bytes in file order, which is the whole file). A header damaged so badly that it does
 // not parse is reported as corruption of that file.
-std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry& want) {
+std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry& want, StMetadata* metadata = nullptr) {
   check_size(path, want);
   std::optional<SafetensorsReader> r;
   try {
@@ -209,6 +210,7 @@ std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry
     out.push_back(std::move(n));
   }
   check_hash(path, want, h.digest());
+  if (metadata != nullptr) *metadata = r->metadata();
   return out;
 }
 
@@ -251,6 +253,16 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return buf;
 }
 
+std::string staging_dir(const std::string& run_dir, std::int64_t step) {
+  return (fs::path(run_dir) / (".tmp-" + checkpoint_dir_name(step))).string();
+}
+
+CheckpointFile write_tensor_file(const std::string& dir, const std::string& name,
+                                 const std::vector<CheckpointTensorView>& tensors, const StMetadata& metadata) {
+  const FileEntry e = write_tensors(fs::path(dir) / name, tensors, metadata);
+  return {name, e.size, e.hash};
+}
+
 std::string save(const std::string& run_dir, std::int64_t step, const CheckpointView& ckpt) {
   GHT_EXPECTS(step >= 0, "checkpoint: step must be >= 0, got " + std::to_string(step));
   std::error_code ec;
@@ -258,7 +270,7 @@ std::string save(const std::string& run_dir, std::int64_t step, const Checkpoint
   if (ec) ck_fail(run_dir, "cannot create run directory: " + ec.message());
   const std::string name = checkpoint_dir_name(step);
   const fs::path final_dir = fs::path(run_dir) / name;
-  const fs::path tmp = fs::path(run_dir) / (".tmp-" + name);
+  const fs::path tmp = staging_dir(run_dir, step);
   fs::remove_all(tmp, ec);  // a leftover of an interrupted save of this step
   fs::create_directory(tmp, ec);
   if (ec) ck_fail(tmp, "cannot create directory: " + ec.message());
@@ -284,6 +296,14 @@ std::string save(const std::string& run_dir, std::int64_t step, const Checkpoint
     record(kData, write_text(tmp / kData, ckpt.data_position.dump(2) + "\n"));
     record(kRng, write_text(tmp / kRng, ckpt.rng.dump(2) + "\n"));
     record(kConfig, write_text(tmp / kConfig, ckpt.config.dump(2) + "\n"));
+    if (ckpt.extra_files) {
+      for (const CheckpointFile& e : ckpt.extra_files(tmp.string())) {
+        GHT_EXPECTS(!e.name.empty() && e.name.find('/') == std::string::npos && !files.contains(e.name) &&
+                        e.name != kManifest && e.name != kMarker,
+                    "checkpoint: bad or duplicate extra file name '" + e.name + "'");
+        record(e.name.c_str(), {e.size, e.xxh3_64});
+      }
+    }
     const nlohmann::ordered_json manifest = {
         {"format", kFormat}, {"version", kFormatVersion}, {"step", step}, {"files", files}};
     const FileEntry man = write_text(tmp / kManifest, manifest.dump(2) + "\n");
@@ -338,13 +358,18 @@ CheckpointData load(const std::string& ckpt_dir, const LoadOptions& opts) {
     const nlohmann::json man = checked_manifest(dir);
     const auto tensors = [&](const char* name) { return read_tensors(dir / name, expected_of(dir, man, name)); };
     const auto json = [&](const char* name) { return read_json(dir / name, expected_of(dir, man, name)); };
-    // Files the manifest lists beyond ours (a newer writer's) are checked too.
+    // Files the manifest lists beyond ours: read those asked for, check the others in full.
+    CheckpointData d;
     for (auto it = man["files"].begin(); it != man["files"].end(); ++it) {
-      if (std::find(std::begin(kRequired), std::end(kRequired), it.key()) == std::end(kRequired)) {
-        verify_file(dir, man, it.key());
+      const std::string& file = it.key();
+      if (std::find(std::begin(kRequired), std::end(kRequired), file) != std::end(kRequired)) continue;
+      if (std::find(opts.tensor_files.begin(), opts.tensor_files.end(), file) != opts.tensor_files.end()) {
+        CheckpointTensorFile& t = d.tensor_files[file];
+        t.tensors = read_tensors(dir / file, expected_of(dir, man, file), &t.metadata);
+      } else {
+        verify_file(dir, man, file);
       }
     }
-    CheckpointData d;
     d.step = man["step"].get<std::int64_t>();
     // Read and checksum the tensor files concurrently (see save()).
     tbb::task_group tasks;
@@ -378,20 +403,21 @@ std::optional<LoadedCheckpoint> load_latest(const std::string& run_dir, const Lo
 }
 
 std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
-                                                const std::function<void(const std::string&)>& say) {
+                                                const std::function<void(const std::string&)>& say,
+                                                const LoadOptions& opts) {
   if (resume.empty()) return std::nullopt;
   if (resume != "auto") {
     std::error_code ec;
     // A run directory (no marker of its own, checkpoints inside): its newest good checkpoint.
     if (!fs::exists(fs::path(resume) / kMarker, ec) && !fs::exists(fs::path(resume) / kManifest, ec) &&
         !list_checkpoints(resume).empty()) {
-      auto c = load_latest(resume);
+      auto c = load_latest(resume, opts);
       if (!c) throw io_error("--resume " + resume + ": a run directory with no checkpoint that loads (see the warnings above)");
       return c;
     }
-    return LoadedCheckpoint{resume, load(resume)};
+    return LoadedCheckpoint{resume, load(resume, opts)};
   }
-  auto c = load_latest(run_dir);
+  auto c = load_latest(run_dir, opts);
   if (!c) say("resume auto: no committed checkpoint in " + run_dir + "; starting fresh");
   return c;
 }

@@ -14,8 +14,10 @@
  *   config.json                        the resolved run configuration
  *   manifest.json                      {"step", "files": {name: {"size", "xxh3_64"}}}
  *   COMMITTED                          written last: the manifest's size and XXH3-64
+ * and any further files a writer adds through CheckpointView::extra_files (e.g. DiLoCo's
+ * per-rank shards, trainer/loop.cpp), listed in the manifest and verified like the others.
  *
- * Writing: every file goes into `<run_dir>/.tmp-ckpt_<step>`, each fsync'd; then the directory is
+ * Writing: every file goes into `<run_dir>/.tmp-ckpt_<step>` (staging_dir()), each fsync'd; then the directory is
  * fsync'd, renamed to its final name, the run dir fsync'd, and only then COMMITTED is written and
  * fsync'd (with the directory). A crash at any point leaves either no `ckpt_` directory or one
  * without COMMITTED, which load() and find_latest() reject. Checksums are XXH3-64 (libxxhash).
@@ -27,6 +29,7 @@
  * verification pass would double the time to resume).
  */
 #include <functional>
+#include <map>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -36,6 +39,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include "trainer/safetensors.hpp"
 
 namespace ght::trainer {
 
@@ -75,6 +80,12 @@ struct CheckpointTensorView {
   std::span<const float> data;
 };
 
+/// A file of a checkpoint beyond the standard ones: its manifest entry.
+struct CheckpointFile {
+  std::string name;  ///< a plain file name inside the checkpoint directory
+  std::uint64_t size = 0, xxh3_64 = 0;
+};
+
 /// Everything a checkpoint holds, non-owning (what save() writes).
 struct CheckpointView {
   std::vector<CheckpointTensorView> weights, master, adam_m, adam_v;
@@ -82,6 +93,15 @@ struct CheckpointView {
   nlohmann::json data_position = nlohmann::json::object();  ///< LoaderState::to_json()
   nlohmann::json rng = nlohmann::json::object();
   nlohmann::json config = nlohmann::json::object();
+  /// Called with the staging directory once the files above are in it and before the manifest:
+  /// writes further files there (fsync'd) and returns their entries, which the manifest lists.
+  std::function<std::vector<CheckpointFile>(const std::string& staging_dir)> extra_files;
+};
+
+/// A further tensor file that load() was asked for (LoadOptions::tensor_files).
+struct CheckpointTensorFile {
+  StMetadata metadata;
+  std::vector<CheckpointTensor> tensors;
 };
 
 /// Everything a checkpoint holds (what load() returns).
@@ -92,12 +112,23 @@ struct CheckpointData {
   nlohmann::json data_position = nlohmann::json::object();
   nlohmann::json rng = nlohmann::json::object();
   nlohmann::json config = nlohmann::json::object();
-  /// A view of this data, for save().
+  /// The LoadOptions::tensor_files that the manifest lists, by name.
+  std::map<std::string, CheckpointTensorFile> tensor_files;
+  /// A view of this data, for save() (without tensor_files).
   [[nodiscard]] CheckpointView view() const;
 };
 
 /// `ckpt_00000042` for step 42.
 [[nodiscard]] std::string checkpoint_dir_name(std::int64_t step);
+
+/// Where save() assembles the checkpoint of `step` before committing it: other processes write
+/// their files there from CheckpointView::extra_files' call until it returns.
+[[nodiscard]] std::string staging_dir(const std::string& run_dir, std::int64_t step);
+
+/// @brief Write F32 `tensors` and `metadata` as the safetensors file dir/name, fsync'd, and
+/// return its manifest entry (for CheckpointView::extra_files). @throws ght::io_error
+CheckpointFile write_tensor_file(const std::string& dir, const std::string& name,
+                                 const std::vector<CheckpointTensorView>& tensors, const StMetadata& metadata);
 
 /// @brief Write a checkpoint atomically; returns its directory. An existing checkpoint of the
 /// same step is replaced only after the new one is complete.
@@ -114,6 +145,10 @@ struct LoadOptions {
   /// Read master, m and v. Without them (sampling, export) those files are neither read nor
   /// checksummed, and CheckpointData's master/adam_m/adam_v stay empty.
   bool optimizer_state = true;
+  /// Further tensor files to read (checksummed as they are parsed) into
+  /// CheckpointData::tensor_files; one the manifest does not list is left out. Every other
+  /// further file the manifest lists is verified in full.
+  std::vector<std::string> tensor_files;
 };
 
 /// @brief Load a checkpoint directory, verifying every file it reads as it reads it.
@@ -137,7 +172,8 @@ struct LoadedCheckpoint {
 /// `ckpt_*` directories) = its newest checkpoint that loads, which must exist; anything else =
 /// that checkpoint directory, which must load. @throws ght::io_error for an explicit one that fails
 [[nodiscard]] std::optional<LoadedCheckpoint> load_for_resume(const std::string& resume, const std::string& run_dir,
-                                                              const std::function<void(const std::string&)>& say);
+                                                              const std::function<void(const std::string&)>& say,
+                                                              const LoadOptions& opts = {});
 
 /// @brief The newest checkpoint under run_dir that is committed and verifies (a full read of
 /// its files; load_latest() verifies while loading instead). Each newer one that fails is skipped

@@ -10,6 +10,7 @@
 #include "tier/error.hpp"
 #include "tier/log.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/diloco.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/signals.hpp"
@@ -38,47 +39,191 @@ struct StopHandlers {
   StopHandlers& operator=(const StopHandlers&) = delete;
 };
 
+// DiLoCo's outer optimizer, with the backend's tensors laid out flat in tensor order.
+struct Diloco {
+  // `offset` is declared first: it is filled while `outer` is constructed.
+  Diloco(TrainBackend& be, const TrainSession& s) : outer(s.cfg.diloco, flat_size(be, offset), *s.comm, be.optimizer().allocator()) {}
+  // Offsets of the tensors in the flat buffers; returns the total.
+  static std::size_t flat_size(TrainBackend& be, std::vector<std::size_t>& offset) {
+    std::size_t n = 0;
+    for (const NamedTensor& t : be.tensors()) {
+      offset.push_back(n);
+      n += t.numel;
+    }
+    return n;
+  }
+  // Tensor r's part of a flat buffer.
+  [[nodiscard]] std::span<float> slice(std::span<float> flat, std::size_t r, const TrainBackend& be) const {
+    return flat.subspan(offset[r], be.tensors()[r].numel);
+  }
+  std::vector<std::size_t> offset;
+  DilocoOuter outer;
+};
+
+// The shared part's momentum file and each rank's shard: its θ_local (= its AdamW master), m and
+// v as tensors "master.<name>", "adam_m.<name>", "adam_v.<name>", its AdamW step in the metadata.
+constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
+constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
+std::string shard_file(int rank) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "diloco.rank_%05d.safetensors", rank);
+  return buf;
+}
+
+// θ_local (the optimizer's master) -> outer.local().
+void gather_local(TrainBackend& be, Diloco& d) {
+  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
+    be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
+  }
+}
+
+// θ_global -> the optimizer's master and the model's weights.
+void scatter_global(TrainBackend& be, Diloco& d) {
+  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
+    const std::span<float> g = d.slice(d.outer.global(), r, be);
+    be.optimizer().load_state(r, g.data(), nullptr, nullptr);
+    be.load_weights(r, g);
+  }
+}
+
+std::vector<CheckpointTensorView> flat_views(const TrainBackend& be, const Diloco& d, std::span<const float> flat) {
+  std::vector<CheckpointTensorView> v;
+  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
+    const NamedTensor& t = be.tensors()[r];
+    v.push_back({t.name, t.shape, flat.subspan(d.offset[r], t.numel)});
+  }
+  return v;
+}
+
+// Rank 0 learns the size and checksum of every rank's shard (one broadcast per rank).
+std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const CheckpointFile& mine) {
+  std::vector<CheckpointFile> all;
+  for (int root = 0; root < comm.size(); ++root) {
+    std::uint64_t e[2] = {mine.size, mine.xxh3_64};
+    comm.broadcast(e, sizeof e, root);
+    all.push_back({shard_file(root), e[0], e[1]});
+  }
+  return all;
+}
+
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
-// as on every backend), m and v, read in place where they live on the host.
-std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step) {
+// as on every backend), m and v, read in place where they live on the host. With DiLoCo every
+// rank calls it (a collective): rank 0 writes θ_global as the weights, the momentum and the
+// shared files, every rank its own shard into the same staging directory, and rank 0 commits the
+// whole once every shard is written. Returns the directory on rank 0, "" on the others.
+std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step, Diloco* dl) {
   be.synchronize();
   optimizer::AdamW& opt = be.optimizer();
   opt.synchronize();
   const auto& ts = be.tensors();
-  CheckpointView v;
+  std::vector<CheckpointTensorView> state[3];  // master, m, v
   std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
   owned.reserve(3 * ts.size());
   for (std::size_t r = 0; r < ts.size(); ++r) {
     const NamedTensor& t = ts[r];
-    const float* arr[3] = {nullptr, nullptr, nullptr};
     const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
     for (int i = 0; i < 3; ++i) {
       const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
+      const float* arr = nullptr;
       if (sb.host != nullptr) {
-        arr[i] = static_cast<const float*>(sb.host);
+        arr = static_cast<const float*>(sb.host);
       } else {
         auto& o = owned.emplace_back(t.numel);
         opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
-        arr[i] = o.data();
+        arr = o.data();
       }
+      state[i].push_back({(dl != nullptr ? kShardPrefixes[i] : "") + t.name, t.shape, std::span<const float>(arr, t.numel)});
     }
-    v.weights.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
-    v.master.push_back({t.name, t.shape, std::span<const float>(arr[0], t.numel)});
-    v.adam_m.push_back({t.name, t.shape, std::span<const float>(arr[1], t.numel)});
-    v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
   }
-  v.optimizer = {{"step", opt.step_count()},
-                 {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
-                 {"world_size", s.comm->size()}};
+  CheckpointView v;
   v.data_position = s.loader->state().to_json();
   v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
   v.config = s.cfg.to_json();
+  if (dl == nullptr) {
+    v.weights = state[0];
+    v.master = state[0];
+    v.adam_m = state[1];
+    v.adam_v = state[2];
+    v.optimizer = {{"step", opt.step_count()},
+                   {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
+                   {"world_size", s.comm->size()}};
+    const std::string dir = save(s.cfg.out, step, v);
+    prune(s.cfg.out, s.cfg.keep);
+    return dir;
+  }
+  // DiLoCo: master, m and v are per rank (the shards); the standard optimizer files hold none.
+  std::vector<CheckpointTensorView> shard;
+  for (const auto& part : state) shard.insert(shard.end(), part.begin(), part.end());
+  const StMetadata shard_meta = {{"format", "pt"},
+                                 {"rank", std::to_string(s.comm->rank())},
+                                 {"optimizer_step", std::to_string(opt.step_count())}};
+  v.weights = flat_views(be, *dl, dl->outer.global());
+  v.optimizer = {{"world_size", s.comm->size()}, {"diloco", true}};
+  auto write_shards = [&](const std::string& staging) {
+    s.comm->barrier();  // rank 0 has made the staging directory
+    std::vector<CheckpointFile> files;
+    if (s.leader()) files.push_back(write_tensor_file(staging, kMomentumFile, flat_views(be, *dl, dl->outer.momentum()), {{"format", "pt"}}));
+    const CheckpointFile mine = write_tensor_file(staging, shard_file(s.comm->rank()), shard, shard_meta);
+    for (CheckpointFile& f : gather_shard_entries(*s.comm, mine)) files.push_back(std::move(f));
+    return files;
+  };
+  if (!s.leader()) {
+    (void)write_shards(staging_dir(s.cfg.out, step));
+    return {};
+  }
+  v.extra_files = write_shards;
   const std::string dir = save(s.cfg.out, step, v);
   prune(s.cfg.out, s.cfg.keep);
   return dir;
 }
 
-void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
+// Tensor r of a checkpoint's list must be the backend's tensor r.
+void check_tensor(const std::string& where, const std::string& what, const CheckpointTensor& c, const NamedTensor& t,
+                  const std::string& prefix = "") {
+  GHT_EXPECTS(c.name == prefix + t.name && c.data.size() == t.numel,
+              "checkpoint " + where + ": " + what + " tensor " + c.name + " does not match the model's " + prefix + t.name);
+}
+
+// DiLoCo's part of a resume: θ_global and the momentum (shared), this rank's shard.
+void restore_diloco(TrainBackend& be, const TrainSession& s, const LoadedCheckpoint& ck, Diloco& dl) {
+  const CheckpointData& c = ck.data;
+  const auto& ts = be.tensors();
+  const int rank = s.comm->rank();
+  auto file = [&](const std::string& name) -> const CheckpointTensorFile& {
+    const auto it = c.tensor_files.find(name);
+    if (it == c.tensor_files.end()) {
+      throw io_error("checkpoint " + ck.dir + ": its manifest lists no " + name + " (rank " + std::to_string(rank) +
+                     " of a DiLoCo run needs it)");
+    }
+    GHT_EXPECTS(it->second.tensors.size() == (name == kMomentumFile ? 1 : 3) * ts.size(),
+                "checkpoint " + ck.dir + ": " + name + " holds " + std::to_string(it->second.tensors.size()) +
+                    " tensors; the model has " + std::to_string(ts.size()) + " per part");
+    return it->second;
+  };
+  const CheckpointTensorFile& momentum = file(kMomentumFile);
+  const CheckpointTensorFile& shard = file(shard_file(rank));
+  GHT_EXPECTS(c.weights.size() == ts.size(), "checkpoint " + ck.dir + " has " + std::to_string(c.weights.size()) +
+                                                 " weight tensors; the model has " + std::to_string(ts.size()));
+  optimizer::AdamW& opt = be.optimizer();
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    const CheckpointTensor* part[3];
+    for (int i = 0; i < 3; ++i) {
+      part[i] = &shard.tensors[i * ts.size() + r];
+      check_tensor(ck.dir, shard_file(rank), *part[i], ts[r], kShardPrefixes[i]);
+    }
+    check_tensor(ck.dir, "weight", c.weights[r], ts[r]);
+    check_tensor(ck.dir, kMomentumFile, momentum.tensors[r], ts[r]);
+    opt.load_state(r, part[0]->data.data(), part[1]->data.data(), part[2]->data.data());
+    be.load_weights(r, std::span<const float>(part[0]->data.data(), ts[r].numel));
+    std::copy(c.weights[r].data.begin(), c.weights[r].data.end(), dl.slice(dl.outer.global(), r, be).begin());
+    std::copy(momentum.tensors[r].data.begin(), momentum.tensors[r].data.end(), dl.slice(dl.outer.momentum(), r, be).begin());
+  }
+  const auto step = shard.metadata.find("optimizer_step");
+  GHT_EXPECTS(step != shard.metadata.end(), "checkpoint " + ck.dir + ": " + shard_file(rank) + " has no optimizer_step");
+  opt.set_step_count(std::stoll(step->second));
+}
+
+void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl) {
   const CheckpointData& c = ck.data;
   const std::string& where = ck.dir;
   // The architecture must match; training knobs may change on resume.
@@ -87,29 +232,44 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
   const nlohmann::json this_model = {{"model", s.cfg.to_json()["model"]}};
   GHT_EXPECTS(saved_model == this_model, "checkpoint " + where + " was written for a different model config: " +
                                              describe_difference(saved_model, this_model));
-  const auto& ts = be.tensors();
-  optimizer::AdamW& opt = be.optimizer();
-  GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
-                                                " optimizer tensors; the model has " + std::to_string(ts.size()));
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    const auto& t = ts[r];
-    const auto& ms = c.master[r];
-    GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
-                    c.adam_v[r].data.size() == t.numel,
-                "checkpoint " + where + ": tensor " + ms.name + " does not match the model's " + t.name);
-    opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
-    be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
-  }
-  opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
-  s.loader->restore(LoaderState::from_json(c.data_position));
-  s.step = c.step;
   // Checkpoints of older builds carry no world size: they were written by one process.
   const int saved_world = c.optimizer.value("world_size", 1);
-  if (saved_world != s.comm->size() && s.leader()) {
-    log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
-              std::to_string(s.comm->size()) + ": the data continues where it stopped, but each step now reads " +
-              std::to_string(s.comm->size()) + "/" + std::to_string(saved_world) + " times as many tokens");
+  // DiLoCo's inner states are per rank: they neither reshard nor merge into one.
+  const bool saved_diloco = c.optimizer.value("diloco", false);
+  GHT_EXPECTS(saved_diloco == (dl != nullptr),
+              "checkpoint " + where + " was written " + (saved_diloco ? "with" : "without") +
+                  " DiLoCo (diloco.inner_steps=" + std::to_string(saved.diloco.inner_steps) + "); this run has diloco.inner_steps=" +
+                  std::to_string(s.cfg.diloco.inner_steps) + ": resume it with DiLoCo " + (saved_diloco ? "on" : "off"));
+  if (dl != nullptr) {
+    GHT_EXPECTS(saved_world == s.comm->size(),
+                "checkpoint " + where + " holds the DiLoCo inner states of " + std::to_string(saved_world) +
+                    " ranks, but this run has " + std::to_string(s.comm->size()) +
+                    ": each rank's AdamW state is its own and cannot be resharded; resume on " +
+                    std::to_string(saved_world) + " ranks");
+    restore_diloco(be, s, ck, *dl);
+  } else {
+    const auto& ts = be.tensors();
+    optimizer::AdamW& opt = be.optimizer();
+    GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
+                                                  " optimizer tensors; the model has " + std::to_string(ts.size()));
+    for (std::size_t r = 0; r < ts.size(); ++r) {
+      const auto& t = ts[r];
+      const auto& ms = c.master[r];
+      GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
+                      c.adam_v[r].data.size() == t.numel,
+                  "checkpoint " + where + ": tensor " + ms.name + " does not match the model's " + t.name);
+      opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
+      be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
+    }
+    opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
+    if (saved_world != s.comm->size() && s.leader()) {
+      log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
+                std::to_string(s.comm->size()) + ": the data continues where it stopped, but each step now reads " +
+                std::to_string(s.comm->size()) + "/" + std::to_string(saved_world) + " times as many tokens");
+    }
   }
+  s.loader->restore(LoaderState::from_json(c.data_position));
+  s.step = c.step;
 }
 
 // Every rank must resume from the same step (a checkpoint written in between, or a run directory
@@ -208,11 +368,28 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
   summary.world_size = s.comm->size();
   bool ok = false;
   try {
-    if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); })) {
-      restore(be, s, *ck);
+    std::unique_ptr<Diloco> dl;
+    LoadOptions lo;
+    if (cfg.diloco.on()) {
+      dl = std::make_unique<Diloco>(be, s);
+      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank())};
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "DiLoCo: %d worker(s), an outer step every %lld inner steps (and after step %lld), outer lr %g, "
+                    "Nesterov momentum %g, %s pseudo-gradients",
+                    s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
+                    cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
+      s.say(buf);
+    }
+    if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
+      restore(be, s, *ck, dl.get());
       s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
     } else {
       be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
+      if (dl) {
+        gather_local(be, *dl);
+        std::copy(dl->outer.local().begin(), dl->outer.local().end(), dl->outer.global().begin());
+      }
     }
     check_same_step(s);
     summary.first_step = s.step;
@@ -230,14 +407,20 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     const StopHandlers handlers;
     const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
     std::int64_t saved_step = -1;
+    // With DiLoCo every rank writes its shard of each checkpoint; otherwise rank 0 alone writes.
     auto save_ckpt = [&](std::int64_t step) {
-      if (!save_ckpts || !s.leader()) return;
-      summary.last_checkpoint = save_checkpoint(be, s, step);
+      if (!save_ckpts || (!s.leader() && !dl)) return;
+      summary.last_checkpoint = save_checkpoint(be, s, step, dl.get());
       saved_step = step;
     };
     // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
     auto save_before_rethrow = [&](const char* where) {
       if (!save_ckpts || !s.leader() || s.step == summary.first_step || s.step == saved_step) return;
+      if (dl && s.comm->size() > 1) {
+        log::warn(std::string("the run failed in ") + where + "; no checkpoint of step " + std::to_string(s.step) +
+                  ": a DiLoCo checkpoint needs every rank's shard, and the other ranks are not saving");
+        return;
+      }
       try {
         save_ckpt(s.step);
         log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
@@ -271,6 +454,12 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
         throw;
       }
       ++s.step;
+      std::optional<double> pseudo_grad_norm;
+      if (dl && dl->outer.due(s.step, cfg.steps)) {
+        gather_local(be, *dl);
+        pseudo_grad_norm = dl->outer.step();
+        scatter_global(be, *dl);
+      }
 
       StepRecord rec;
       rec.step = s.step;
@@ -285,6 +474,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       rec.elapsed_s = elapsed();
       rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
       log.log_step(rec);
+      if (pseudo_grad_norm) log.log_event({{"type", "outer"}, {"step", s.step}, {"pseudo_grad_norm", *pseudo_grad_norm}});
       be.after_step(s.step, log);
       summary.last_loss = o.loss;
 

@@ -48,7 +48,11 @@ class CpuBackend final : public TrainBackend {
     s.say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
           std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
           " tokens/step, backend cpu, " + std::to_string(omp_get_max_threads()) + " threads");
-    if (comm_.size() > 1) {
+    if (cfg_.diloco.on()) {
+      s.say("DiLoCo over " + std::to_string(comm_.size()) + " process(es) (" + comm_.name() + "): each reads " +
+            std::to_string(mc.grad_accum) + " of every " + std::to_string(comm_.size() * mc.grad_accum) +
+            " micro-batches and steps its own AdamW on them; no gradient all-reduce");
+    } else if (comm_.size() > 1) {
       s.say("data parallel over " + std::to_string(comm_.size()) + " processes (" + comm_.name() + "): each reads " +
             std::to_string(mc.grad_accum) + " of every " + std::to_string(comm_.size() * mc.grad_accum) +
             " micro-batches; gradients all-reduced; AdamW state replicated on every rank");
@@ -83,19 +87,22 @@ class CpuBackend final : public TrainBackend {
     // others, so every rank's loader stays at the same position and N ranks with A micro-batches
     // each read what one rank with N·A does, in the same order.
     const int total = N * mc.grad_accum;
+    // Data parallel: one gradient over all N·A micro-batches, summed over ranks. DiLoCo: each
+    // rank is a worker whose gradient is the mean over its own A (trainer/diloco.hpp).
+    const bool local = cfg_.diloco.on();
+    const int share = local ? mc.grad_accum : total;
     const auto t0 = std::chrono::steady_clock::now();
     StepOutcome o;
-    // Forward and backward; gradients accumulate, scaled by 1/(N·A), then are summed over ranks.
     model_.zero_grad();
     for (int micro = 0; micro < total; ++micro) {
       data.next(batch_);
       if (micro % N != rank) continue;
       const Loss l = model_.forward(batch_.inputs.data(), batch_.targets.data(), B, T);
-      model_.backward(1.0f / static_cast<float>(total));
-      o.loss += l.ce / total;
-      o.aux_loss += l.aux / total;
+      model_.backward(1.0f / static_cast<float>(share));
+      o.loss += l.ce / share;
+      o.aux_loss += l.aux / share;
     }
-    if (N > 1) {
+    if (N > 1 && !local) {
       auto g = model_.grads();
       comm_.allreduce_sum(g.data(), g.size());
       double losses[2] = {o.loss, o.aux_loss};
@@ -103,11 +110,18 @@ class CpuBackend final : public TrainBackend {
       o.loss = losses[0];
       o.aux_loss = losses[1];
     }
-    // Norm, clip and update (the same on every rank: the same gradients and state); the model
-    // computes on the fp32 master copy itself.
+    // Norm, clip and update (data parallel: the same on every rank, the same gradients and
+    // state); the model computes on the fp32 master copy itself.
     const optimizer::StepResult sr = opt_->step(lr);
     copy_master_to_params();
     o.grad_norm = sr.grad_norm;
+    if (N > 1 && local) {  // the record shows the means over the workers
+      double m[3] = {o.loss, o.aux_loss, o.grad_norm};
+      comm_.allreduce_sum(m, 3);
+      o.loss = m[0] / N;
+      o.aux_loss = m[1] / N;
+      o.grad_norm = m[2] / N;
+    }
     o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return o;
   }
@@ -166,6 +180,11 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   cfg.validate();
   const dist::Launch launch = dist::detect_launch(dist::process_env());
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
+    if (cfg.diloco.on()) {
+      throw ght::config_error("diloco.inner_steps=" + std::to_string(cfg.diloco.inner_steps) + " with train.backend=" +
+                              cfg.backend + " (cuda): DiLoCo runs on the cpu backend only (the CUDA backend is one "
+                              "process until NCCL support exists); set train.backend=cpu or diloco.inner_steps=0");
+    }
     if (launch.world_size > 1) {
       throw ght::config_error("train.backend=" + cfg.backend + " (cuda) in a launch of " +
                               std::to_string(launch.world_size) + " processes (" + launch.describe() +
