@@ -109,6 +109,43 @@ TEST(TrainConfigWarmup, AnExplicitWarmupIsKeptAndTheErrorSaysWhichOverrideFixesI
   EXPECT_CONTAINS(err, "-o schedule.warmup_steps=");
 }
 
+// [diloco]: parsed from overrides and TOML, printed by to_json, read back by from_json; every
+// bad value is refused naming its key.
+TEST(TrainConfigDiloco, KeysRoundTripAndBadValuesNameTheKey) {
+  const TrainConfig off = resolve_train_config("tiny", "", {});
+  EXPECT_FALSE(off.diloco.on());
+  EXPECT_EQ(off.diloco.outer_lr, 0.7);
+  EXPECT_EQ(off.diloco.outer_momentum, 0.9);
+  const TrainConfig c = resolve_train_config(
+      "tiny", "", {"diloco.inner_steps=50", "diloco.outer_lr=0.5", "diloco.outer_momentum=0.8",
+                   "diloco.bf16_pseudo_grads=true", "train.eval_every=100"});
+  EXPECT_EQ(c.diloco.inner_steps, 50);
+  EXPECT_EQ(c.diloco.outer_lr, 0.5);
+  EXPECT_EQ(c.diloco.outer_momentum, 0.8);
+  EXPECT_TRUE(c.diloco.bf16_pseudo_grads);
+  const auto j = c.to_json();
+  EXPECT_EQ(j["diloco"]["inner_steps"], 50);
+  const TrainConfig back = TrainConfig::from_json(nlohmann::json::parse(j.dump()));
+  EXPECT_EQ(back.diloco.inner_steps, 50);
+  EXPECT_TRUE(back.diloco.bf16_pseudo_grads);
+
+  ght::test::TempDir dir("ght_train_config");
+  const std::string path = dir / "run.toml";
+  std::ofstream(path) << "[diloco]\ninner_steps = 4\nouter_lr = 1.0\n[train]\neval_every = 8\n";
+  EXPECT_EQ(resolve_train_config("tiny", path, {}).diloco.inner_steps, 4);
+
+  EXPECT_CONTAINS(override_error("diloco.inner_steps=-1"), "diloco.inner_steps");
+  EXPECT_CONTAINS(override_error("diloco.outer_lr=0"), "diloco.outer_lr must be in (0, 10]");
+  EXPECT_CONTAINS(override_error("diloco.outer_lr=nan"), "diloco.outer_lr");
+  EXPECT_CONTAINS(override_error("diloco.outer_momentum=1"), "diloco.outer_momentum must be in [0, 1)");
+  EXPECT_CONTAINS(override_error("diloco.bf16_pseudo_grads=2"), "diloco.bf16_pseudo_grads");
+  EXPECT_CONTAINS(override_error("diloco.windows=3"), "unknown key 'diloco.windows'");
+  // An eval inside a window would mix the workers' models.
+  const std::string msg = error_of<std::exception>(
+      [&] { (void)resolve_train_config("tiny", "", {"diloco.inner_steps=3", "train.eval_every=100"}); });
+  EXPECT_CONTAINS(msg, "train.eval_every (100) must be a multiple of diloco.inner_steps (3)");
+}
+
 TEST(TrainConfigFiles, ADirectorySaysSo) {
   ght::test::TempDir dir("ght_train_config_dir");
   const std::string msg = error_of<std::exception>([&] { (void)resolve_train_config("tiny", dir.str(), {}); });
