@@ -25,6 +25,10 @@
  * Every rank reads the checkpoint on resume (the run directory must be on a shared file system).
  * Evals split the held-out batches over the ranks; a stop signal on any rank stops all of them
  * after the same step.
+ *
+ * DiLoCo (cfg.diloco.inner_steps > 0, trainer/diloco.hpp): the backend's step is local to each
+ * rank, and the loop runs the outer step after every H steps and the last, on the optimizer's
+ * master; every rank writes its own shard of each checkpoint (trainer/README.md).
  */
 #include <cstdint>
 #include <memory>
@@ -109,7 +113,9 @@ class TrainBackend {
    * @brief One optimizer step: grad_accum micro-batches from `data`, forward and backward, then
    * the update at `lr`. `step` is the number of steps completed before this one. With N ranks,
    * each step reads N·grad_accum micro-batches from `data`, and rank r computes the ones at
-   * positions r, r+N, ...; the outcome's losses are the means over all of them.
+   * positions r, r+N, ...; the outcome's losses are the means over all of them. Data
+   * parallel updates with the gradient over all of them; with DiLoCo each rank updates its own
+   * optimizer with the gradient over its own (no gradient all-reduce).
    */
   virtual StepOutcome step(std::int64_t step, double lr, DataLoader& data) = 0;
   /// Mean cross-entropy of one held-out batch (no gradients, no update).
