@@ -17,6 +17,8 @@
  *
  * θ_global and buf are identical on every rank (the same inputs, the same arithmetic) and live in
  * host memory from the run's tiered allocator (classes master and other), as does the Δ buffer.
+ * bf16_pseudo_grads rounds each Δ_r to bf16 (nearest even) but still sends fp32 (the
+ * Communicator has no bf16 sum): it gives the precision of a bf16 exchange, not its bytes.
  *
  * On equivalence with data parallel: with H = 1, lr_outer = 1, μ = 0 the outer step gives
  * θ_global = fl(θ_global − fl(Σ_r Δ_r / N)), i.e. the mean of the workers' θ_local up to rounding.

@@ -37,7 +37,8 @@ inline constexpr std::int64_t kDefaultWarmupSteps = 20;
 
 /// DiLoCo (trainer/diloco.hpp): every rank a worker taking `inner_steps` local AdamW steps, then
 /// an outer Nesterov SGD step on the rank-averaged pseudo-gradient. inner_steps 0: plain data
-/// parallel. The defaults are the DiLoCo paper's (Douillard et al. 2023).
+/// parallel. The defaults are the DiLoCo paper's (Douillard et al. 2023). With DiLoCo on,
+/// train.eval_every must be a multiple of inner_steps (inside a window the ranks' weights differ).
 struct DilocoConfig {
   std::int64_t inner_steps = 0;    ///< H; 0 = off
   double outer_lr = 0.7;           ///< in (0, 10]
