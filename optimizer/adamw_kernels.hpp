@@ -76,9 +76,18 @@ GHT_HD std::uint64_t mix64(std::uint64_t x) {
 GHT_HD std::uint64_t round_stream(std::uint64_t key, std::uint64_t step) {
   return mix64(key ^ mix64(step));
 }
-/// 16 uniform random bits for element `index` of a stream: splitmix64's output at position index.
+/// 16 uniform random bits for element `index` of a stream: a 32-bit mix (Wellons' lowbias32) of
+/// the stream's low word plus a Weyl step of the index. 32-bit multiplies keep the host loop
+/// vectorised (x86-64-v2 and NEON have no 64-bit vector multiply); the bits repeat every 2^32
+/// elements of one region, which leaves neighbouring values independent.
 GHT_HD std::uint32_t round_bits(std::uint64_t stream, std::uint64_t index) {
-  return static_cast<std::uint32_t>(mix64(stream + (index + 1) * 0x9E3779B97F4A7C15ull) >> 48);
+  std::uint32_t x = static_cast<std::uint32_t>(stream) + static_cast<std::uint32_t>(index) * 0x9E3779B9u;
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x >> 16;
 }
 /// A region's key for the rounding stream: FNV-1a of its name (independent of region order).
 [[nodiscard]] std::uint64_t round_key(std::string_view region_name) noexcept;

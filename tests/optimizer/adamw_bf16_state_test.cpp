@@ -106,10 +106,12 @@ TEST(Bf16StateRounding, StochasticRoundsUpForExactlyTheDroppedFractionOfRandomVa
   EXPECT_EQ(float_to_bf16_bits_sr(2.0f, 0xFFFF), 0x4000) << "representable values never move";
 }
 
-TEST(Bf16StateRounding, TheStreamIsSplitmix64AndDependsOnKeyStepAndIndex) {
-  // splitmix64 seeded with 0: first output 0xE220A8397B1DCDAF. Pinned: a changed hash would
-  // change every bf16-state run.
-  EXPECT_EQ(round_bits(0, 0), 0xE220u);
+TEST(Bf16StateRounding, TheStreamIsPinnedAndDependsOnKeyStepAndIndex) {
+  // Pinned, from the definitions computed independently (a changed hash would change every
+  // bf16-state run): mix64 is splitmix64's output function (seed 0: first output
+  // 0xE220A8397B1DCDAF); round_bits is lowbias32 of the stream's low word + index * 0x9E3779B9.
+  EXPECT_EQ(mix64(0x9E3779B97F4A7C15ull), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(round_bits(0x0123456789ABCDEFull, 5), 0x72DEu);
   const std::uint64_t s = round_stream(round_key("layer0.attn"), 7);
   EXPECT_NE(s, round_stream(round_key("layer0.attn"), 8));
   EXPECT_NE(s, round_stream(round_key("layer1.attn"), 7));
