@@ -39,7 +39,9 @@ struct StopHandlers {
 };
 
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
-// as on every backend), m and v, read in place where they live on the host.
+// as on every backend), m and v, read in place where they live on the host as fp32. bf16 m and v
+// (GHT_OPT_STATE=bf16) are widened into F32 tensors (exact, so a bf16 run resumes byte for byte;
+// one file format for both types); optimizer.json records the type.
 std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step) {
   be.synchronize();
   optimizer::AdamW& opt = be.optimizer();
@@ -54,7 +56,8 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
     for (int i = 0; i < 3; ++i) {
       const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
-      if (sb.host != nullptr) {
+      const bool fp32 = i == 0 || opt.state_type() == optimizer::StateType::fp32;
+      if (sb.host != nullptr && fp32) {
         arr[i] = static_cast<const float*>(sb.host);
       } else {
         auto& o = owned.emplace_back(t.numel);
@@ -68,6 +71,7 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     v.adam_v.push_back({t.name, t.shape, std::span<const float>(arr[2], t.numel)});
   }
   v.optimizer = {{"step", opt.step_count()},
+                 {"state_dtype", optimizer::to_string(opt.state_type())},
                  {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
                  {"world_size", s.comm->size()}};
   v.data_position = s.loader->state().to_json();
@@ -89,6 +93,15 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck) {
                                              describe_difference(saved_model, this_model));
   const auto& ts = be.tensors();
   optimizer::AdamW& opt = be.optimizer();
+  // Checkpoints of older builds carry no state type: theirs was fp32. Across types load_state
+  // converts: fp32 -> bf16 rounds m and v to nearest, bf16 -> fp32 widens them exactly.
+  const std::string saved_state = c.optimizer.value("state_dtype", "fp32");
+  const optimizer::StateType state = optimizer::parse_state_type(saved_state);
+  if (state != opt.state_type()) {
+    s.say("note: checkpoint " + where + " holds " + saved_state + " AdamW m and v, this run keeps " +
+          optimizer::to_string(opt.state_type()) + " (GHT_OPT_STATE): converted on load" +
+          (opt.state_type() == optimizer::StateType::bf16 ? ", rounded to nearest" : ", exactly"));
+  }
   GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
                                                 " optimizer tensors; the model has " + std::to_string(ts.size()));
   for (std::size_t r = 0; r < ts.size(); ++r) {
