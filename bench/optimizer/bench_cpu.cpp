@@ -2,7 +2,8 @@
 // pinned OpenMP team.
 //
 // Bytes per parameter the rooflines charge:
-//   adamw_cpu       read grad 2 (bf16) + read master, m, v 12 + write master, m, v 12 + write w 2 = 28
+//   adamw_cpu       read grad 2 (bf16) + read master, m, v 12 + write master, m, v 12 + write w 2
+//                   = 28 (tier::adamw_bytes_per_param(2))
 //   accumulate bf16 read dst 4 + read src 2 + write dst 4 = 10
 //   accumulate fp32 read dst 4 + read src 4 + write dst 4 = 12
 // Triad (tier/host_triad.hpp) counts its 3 streams like STREAM and uses non-temporal stores on
@@ -13,6 +14,7 @@
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "tier/cost_model.hpp"
 
 namespace ght::bench {
 
@@ -64,10 +66,10 @@ void run_cpu(const Args& args, Report& report) {
       r.path = "cpu adamw_cpu (bf16 grad)";
       r.torch_key = "torch_foreach_cpu";
       r.params = n;
-      r.bytes_per_param = 28;
+      r.bytes_per_param = tier::adamw_bytes_per_param(2);
       r.seconds = time_runs(args.runs, [&] { optimizer::adamw_cpu(span, k, threads); });
-      r.roof_gparams = triad_bps / 28 / 1e9;
-      r.roof_basis = tb + " / 28 B";
+      r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
+      r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
       report.rows.push_back(r);
       std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
                 << fmt(100 * r.fraction(), 1) << "% of triad)\n";
