@@ -8,8 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cerrno>
 #include <chrono>
-#include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -193,7 +194,7 @@ std::size_t huge_page_bytes(const void* p, std::size_t bytes) {
   std::string line;
   while (std::getline(smaps, line)) {
     std::uintmax_t start = 0, end = 0, kb = 0;
-    if (std::sscanf(line.c_str(), "%jx-%jx ", &start, &end) == 2 && line.find(':') > line.find(' ')) {
+    if (std::sscanf(line.c_str(), "%jx-%jx ", &start, &end) == 2) {  // counters never match
       overlap = std::max<std::uintmax_t>(lo, start) < std::min<std::uintmax_t>(hi, end)
                     ? std::min<std::uintmax_t>(hi, end) - std::max<std::uintmax_t>(lo, start)
                     : 0;
