@@ -260,6 +260,7 @@ HostTriadResult measure_host_triad(const HostTriadOptions& o) {
     if (rep >= 0) {
       timed += dt;
       r.pass_bps.push_back(3.0 * static_cast<double>(bytes) / std::max(dt, 1e-9));
+      if (o.after_pass) o.after_pass(rep);
     }
     const int done = rep + 1;
     if (done >= o.min_reps && (timed >= o.seconds || done >= std::max(100, o.min_reps))) break;

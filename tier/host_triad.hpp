@@ -51,6 +51,9 @@ struct HostTriadOptions {
   /// An existing pinned team to run on (e.g. ght::optimizer::parallel_pinned), so that the triad
   /// and a kernel it is compared with use the same threads. Empty: the triad's own team.
   ParallelFor parallel;
+  /// Called after each timed pass (0-based), outside its timing: a benchmark runs a pass of the
+  /// kernel it compares with here, so both see the same machine even when it drifts.
+  std::function<void(int pass)> after_pass;
 };
 
 struct HostTriadResult {

@@ -7,15 +7,18 @@
 //   accumulate  dst += src (optimizer::accumulate) over n = bytes / 4 elements: read dst 4 + read
 //               src 2 (bf16) or 4 (fp32) + write dst 4 bytes per element, no write-allocate read
 //               since dst is read first; fp32 moves exactly the triad's 3 streams
-// Each kernel: one untimed warm-up, then --runs timed passes (default 20). Prints every pass in
+// Each kernel: one untimed warm-up, then --runs timed passes (default 20), interleaved pass by
+// pass (triad, then each accumulator). Prints every pass in
 // GB/s, then per kernel median, min, max and spread = (max - min) / median of the pass GB/s,
 // and the accumulator's median as a fraction of the best triad pass; table last, --json FILE.
 // No FLOPs worth stating: 1 add (accumulate) or 1 multiply-add (triad) per element.
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <exception>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,24 +71,37 @@ int main(int argc, char** argv) {
     std::cout << "; arrays of " << ght::config::format_bytes(bytes) << ", " << runs
               << " timed passes each after a warm-up\n";
 
-    std::vector<Series> series;
-    {
-      const ght::tier::HostTriadResult tr = pinned_triad(team, bytes, runs);
-      series.push_back(make_series(std::string("triad") + (tr.nontemporal ? "" : " (plain stores)"),
-                                   3.0 * static_cast<double>(tr.array_bytes),
-                                   triad_pass_seconds(tr).samples, tr.huge_page_fraction));
-    }
+    // Interleaved: after each timed triad pass, one timed pass of each accumulator, so that a
+    // machine whose bandwidth drifts (other tenants) moves all series alike.
+    std::vector<std::unique_ptr<AccumulateCase>> cases;
+    std::vector<std::string> names;
     for (const GradType t : {GradType::bf16, GradType::fp32}) {
       const bool bf = t == GradType::bf16;
       if (grads != "both" && grads != (bf ? "bf16" : "fp32")) continue;
-      const AccumulateCase acc(n, t, team);
-      const Stats st = time_runs(runs, [&] { acc.run(); });
-      const double per_pass = acc.bytes_per_elem() * static_cast<double>(n);
-      const double arrays = static_cast<double>(n) * (4.0 + (bf ? 2.0 : 4.0));
-      series.push_back(make_series(std::string("accumulate (") + (bf ? "bf16" : "fp32") + " src)",
-                                   per_pass, st.samples,
-                                   static_cast<double>(acc.huge_page_bytes()) / arrays));
-      acc.check(runs + 1);  // the warm-up pass added too
+      cases.push_back(std::make_unique<AccumulateCase>(n, t, team));
+      names.push_back(std::string("accumulate (") + (bf ? "bf16" : "fp32") + " src)");
+    }
+    for (const auto& c : cases) c->run();  // untimed warm-up, as the triad's
+    std::vector<std::vector<double>> acc_seconds(cases.size());
+    const ght::tier::HostTriadResult tr = pinned_triad(team, bytes, runs, [&](int) {
+      for (std::size_t k = 0; k < cases.size(); ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cases[k]->run();
+        acc_seconds[k].push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    });
+    std::vector<Series> series;
+    series.push_back(make_series(std::string("triad") + (tr.nontemporal ? "" : " (plain stores)"),
+                                 3.0 * static_cast<double>(tr.array_bytes),
+                                 triad_pass_seconds(tr).samples, tr.huge_page_fraction));
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const AccumulateCase& c = *cases[k];
+      c.check(runs + 1);  // the warm-up pass added too
+      const double arrays = static_cast<double>(n) * (c.bytes_per_elem() - 4.0);  // dst + src
+      series.push_back(make_series(names[k], c.bytes_per_elem() * static_cast<double>(n),
+                                   acc_seconds[k],
+                                   static_cast<double>(c.huge_page_bytes()) / arrays));
     }
 
     const double best_triad = series.front().stats.max;

@@ -61,8 +61,10 @@ bool parse_args(int argc, char** argv, Args& args, int& rc) {
   return true;
 }
 
-tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs) {
+tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs,
+                                   std::function<void(int)> after_pass) {
   tier::HostTriadOptions o;
+  o.after_pass = std::move(after_pass);
   o.node = tier::topology().host_numa_node;
   o.array_bytes = array_bytes;
   o.min_reps = runs;

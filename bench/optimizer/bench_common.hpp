@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
@@ -121,8 +122,10 @@ struct Report {
 /// Parse the command line; returns false (with rc set) when the program should exit now.
 bool parse_args(int argc, char** argv, Args& args, int& rc);
 /// The host triad (tier/host_triad.hpp) on the pinned team the host kernels use
-/// (optimizer::parallel_pinned with `threads`), `runs` timed passes after a warm-up.
-tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs);
+/// (optimizer::parallel_pinned with `threads`), `runs` timed passes after a warm-up;
+/// `after_pass` runs after each timed pass, untimed (HostTriadOptions::after_pass).
+tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs,
+                                   std::function<void(int)> after_pass = {});
 /// Seconds of each pass of a triad result, summarised (for spreads next to other kernels).
 Stats triad_pass_seconds(const tier::HostTriadResult& r);
 /// CPU rows: triad, adamw_cpu, accumulate (bf16 and fp32 sources).

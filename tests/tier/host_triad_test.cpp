@@ -44,15 +44,18 @@ TEST(HostTriad, HostTriadRunsOnAGivenTeamWithOddSizes) {
   ght::tier::HostTriadOptions o;
   o.node = ght::tier::topology().host_numa_node;
   o.array_bytes = (1u << 20) + 4 * 37;
-  o.min_reps = 1;
   o.huge_pages = false;
   o.parallel = [](const ght::tier::TeamBody& body) {
     for (int t = 0; t < 3; ++t) body(t, 3);
   };
+  std::vector<int> after;  // after_pass sees every timed pass, in order
+  o.min_reps = 3;
+  o.after_pass = [&after](int pass) { after.push_back(pass); };
   const ght::tier::HostTriadResult r = ght::tier::measure_host_triad(o);
+  EXPECT_EQ(after, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(r.threads, 3);
   EXPECT_EQ(r.array_bytes, (std::size_t{1} << 20) + 128);  // whole 64-byte lines only
-  EXPECT_EQ(r.pass_bps.size(), 1u);
+  EXPECT_EQ(r.pass_bps.size(), 3u);
 }
 
 TEST(HostTriad, TeamCpusAreAllowedAndNeverEmpty) {
