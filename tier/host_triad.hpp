@@ -18,8 +18,9 @@
  *    happens and the 3 counted streams are the traffic. The old triad used normal stores and
  *    so read about 3/4 of the bandwidth, which is why a read-modify-write kernel (CPU AdamW,
  *    a += b, which pays no write-allocate: its lines are already read) could run at 134% of it.
- *    aarch64: plain stores (Arm cores detect full-line streaming writes and skip the allocate
- *    read themselves; STNP is only a hint), noted in HostTriadResult::nontemporal.
+ *    aarch64: plain stores (Neoverse cores such as Grace's switch to a write-streaming mode on
+ *    full-line writes and skip most allocate reads themselves; STNP is only a hint); whether
+ *    streaming stores were used is HostTriadResult::nontemporal.
  *  - transparent huge pages asked for with madvise(MADV_HUGEPAGE) before the first touch; how
  *    much the kernel granted is reported (/proc/self/smaps AnonHugePages), since with 4 KiB
  *    pages a 1 GiB array needs 262,144 TLB entries.
