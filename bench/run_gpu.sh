@@ -86,6 +86,8 @@ fi
 if want bench-opt; then
   b=$(ls build-gpu/bin/bench_optimizer* 2>/dev/null | head -1)
   [ -n "$b" ] && run_stage bench-opt "$b" --json "$res/bench_optimizer.json"
+  # 20 passes of the CPU accumulator next to 20 of the host triad, same pinned team, 1 GiB arrays
+  [ -x build-gpu/bin/bench_accumulate_triad ] && run_stage bench-acc-triad build-gpu/bin/bench_accumulate_triad --json "$res/bench_accumulate_triad.json"
   [ -f bench/optimizer/torch_baseline.py ] && run_stage torch-adamw python3 bench/optimizer/torch_baseline.py --json "$res/torch_adamw.json"
 fi
 if want bench-kernels; then

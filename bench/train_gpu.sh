@@ -139,6 +139,8 @@ bench hbm_ga16 "everything in HBM, 16 micro-batches (64k tokens/step), default e
   -o model.grad_accum=16 -o train.steps=6
 bench hbm_ga16_streams "everything in HBM, 16 micro-batches, expert GEMMs cublaslt_streams (the previous default)" \
   GHT_OPTIMIZER=device GHT_EXPERT_GEMM=cublaslt_streams -- -o model.grad_accum=16 -o train.steps=6
+bench hbm_ga16_bf16grad "everything in HBM, 16 micro-batches, bf16 gradient accumulation (GHT_GRAD_ACCUM=bf16)" \
+  GHT_OPTIMIZER=device GHT_GRAD_ACCUM=bf16 -- -o model.grad_accum=16 -o train.steps=6
 fi
 
 # ---- report --------------------------------------------------------------------------------

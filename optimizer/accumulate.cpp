@@ -8,6 +8,7 @@
 #include "optimizer/detail/memory.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "tier/host_triad.hpp"
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -40,16 +41,30 @@ constexpr std::size_t kMinPerThread = 1 << 15;
 
 template <typename S, bool kAssign>
 void acc_team(float* dst, const S* src, std::size_t n, int threads) {
-  const int want = resolve_cpu_threads(threads);
-  const std::size_t useful = (n + kMinPerThread - 1) / kMinPerThread;
-  const int nt = static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(want, useful)));
-  parallel_pinned(nt, [&](int tid, int team) {
+  parallel_pinned(accumulate_team_size(n, threads), [&](int tid, int team) {
     const Range r = thread_range(n, tid, team);
     if (r.end > r.begin) acc_range<S, kAssign>(dst + r.begin, src + r.begin, r.end - r.begin);
   });
 }
 
 }  // namespace
+
+int accumulate_team_size(std::size_t n, int threads) {
+  const int want = resolve_cpu_threads(threads);
+  const std::size_t useful = (n + kMinPerThread - 1) / kMinPerThread;
+  return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(want, useful)));
+}
+
+std::size_t place_accumulator(float* dst, std::size_t n, int threads) {
+  if (n == 0) return 0;
+  GHT_EXPECTS(dst != nullptr, "place_accumulator: null dst");
+  (void)tier::advise_huge_pages(dst, n * sizeof(float));
+  parallel_pinned(accumulate_team_size(n, threads), [&](int tid, int team) {
+    const Range r = thread_range(n, tid, team);
+    if (r.end > r.begin) std::memset(dst + r.begin, 0, (r.end - r.begin) * sizeof(float));
+  });
+  return tier::huge_page_bytes(dst, n * sizeof(float));
+}
 
 void accumulate(float* dst, const float* src, std::size_t n, int threads) {
   accumulate(dst, src, GradType::fp32, n, AccumulateMode::add, threads);

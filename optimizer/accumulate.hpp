@@ -10,6 +10,12 @@
  * Bytes per element: read dst (4) + read src (2 or 4) + write dst (4). Non-temporal stores are
  * not used: dst is read first, so its lines are already cached when written and a streaming
  * store would save no read-for-ownership traffic.
+ *
+ * Steadiness: the additions run on the pinned team of the CPU AdamW (cpu_threads.hpp, one thread
+ * per core of the host NUMA node, static split). place_accumulator() prepares a plain host
+ * buffer for it: transparent huge pages asked for, then every page faulted in by the thread whose
+ * slice of the split holds it, before the first pass. Without that, the first passes pay the page
+ * faults and a 1 GiB buffer of 4 KiB pages needs 262,144 TLB entries; both vary from run to run.
  */
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +44,23 @@ void accumulate(float* dst, const float* src, std::size_t n, int threads = 0);
 void accumulate(float* dst, const bf16* src, std::size_t n, int threads = 0);
 void accumulate(float* dst, const void* src, GradType type, std::size_t n,
                 AccumulateMode mode = AccumulateMode::add, int threads = 0);
+
+/// The team size accumulate() uses for n elements: resolve_cpu_threads(threads), fewer when the
+/// slices would be too small to pay for waking a team.
+[[nodiscard]] int accumulate_team_size(std::size_t n, int threads = 0);
+
+/**
+ * @brief Prepare dst[0..n) for accumulate(dst, ..., n, ..., threads): ask for transparent huge
+ * pages on it, then zero it on the pinned team with accumulate()'s split, so each page is faulted
+ * in on the host NUMA node by the thread that will add into it.
+ *
+ * Pinned or registered memory is resident before this runs: it is only zeroed, and whether it
+ * has huge pages was decided when it was allocated. GradStreamAccumulator adds chunk by chunk,
+ * each chunk split over the team; its split differs from this one within the buffer, which costs
+ * nothing for placement since every thread of the team runs on the host node.
+ * @return bytes of dst backed by huge pages afterwards (0 when unknown or none)
+ */
+std::size_t place_accumulator(float* dst, std::size_t n, int threads = 0);
 
 namespace detail {
 /// Callbacks of one double-buffered run. Chunk k uses slot k % 2; `count` is in elements.

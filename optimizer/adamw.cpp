@@ -59,6 +59,14 @@ PathChoice path_choice_from_config() {
   return parse_path_choice(config::cfg().get_string(config::Key::GHT_OPTIMIZER));
 }
 
+StateType parse_state_type(std::string_view text) {
+  return config::parse_enum("GHT_OPT_STATE", text, "fp32|bf16") == "bf16" ? StateType::bf16 : StateType::fp32;
+}
+
+StateType state_type_from_config() {
+  return parse_state_type(config::cfg().get_string(config::Key::GHT_OPT_STATE));
+}
+
 std::string_view to_string(LinkMode m) noexcept {
   return m == LinkMode::dma ? "dma" : "zero_copy";
 }
@@ -78,6 +86,9 @@ namespace {
 
 constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass::adam_m,
                                         TensorClass::adam_v};
+
+// Bytes of one element of state buffer i (0 master, 1 m, 2 v).
+std::size_t elem_size(int i, StateType st) { return i == 0 ? sizeof(float) : state_type_size(st); }
 
 // How each side reaches a state block: the GPU through HBM or a mapped / coherent host pointer
 // (null where the link cannot reach it: pageable memory over PCIe), the CPU through host memory.
@@ -107,12 +118,14 @@ namespace {
 std::size_t dma_chunk_params(std::size_t largest_region) {
   return std::min(kDmaChunk, (largest_region + 63) / 64 * 64);
 }
+// Bytes per parameter of one dma slot: fp32 master, m and v.
+std::size_t dma_param_bytes(StateType st) { return sizeof(float) + 2 * state_type_size(st); }
 // HBM of the slots for chunks of `chunk` parameters: master, m and v per slot.
-std::size_t dma_slots_bytes(std::size_t chunk) { return sizeof(float) * 3 * kDmaSlots * chunk; }
+std::size_t dma_slots_bytes(std::size_t chunk, StateType st) { return dma_param_bytes(st) * kDmaSlots * chunk; }
 }  // namespace
 
-std::size_t dma_slot_bytes(std::size_t largest_region) {
-  return dma_slots_bytes(dma_chunk_params(largest_region));
+std::size_t dma_slot_bytes(std::size_t largest_region, StateType st) {
+  return dma_slots_bytes(dma_chunk_params(largest_region), st);
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------
@@ -123,6 +136,7 @@ struct AdamW::Impl {
     Path path = Path::cpu;
     StateBuffer st[3];              // master, m, v: views of `mem`
     alloc::unique_block mem[3];
+    std::uint64_t key = 0;          // round_key of the name: the bf16 state's rounding stream
     std::size_t chunk = 0;          // parameters per chunk (and per event)
     std::size_t chunks = 1;
     bool grad_on_device = false;
@@ -141,6 +155,7 @@ struct AdamW::Impl {
   std::shared_ptr<alloc::tiered_allocator> alloc;
   std::vector<RegionState> regions;
   bool gpu = false;
+  StateType state_type = StateType::fp32;
   std::size_t chunk_elems = 0;
   std::size_t staging_bytes = 0;
 
@@ -153,7 +168,7 @@ struct AdamW::Impl {
   CUstream_st* norm = nullptr;
   CUevent_st* produced = nullptr;
   CUevent_st* step_barrier = nullptr;
-  alloc::unique_block dma_mem;      // (kDmaSlots, 3, dma_chunk) fp32, HBM
+  alloc::unique_block dma_mem;      // per slot: (dma_chunk) fp32 master, then m and v of the state type; HBM
   std::size_t dma_chunk = kDmaChunk;  // parameters per slot: kDmaChunk, or the largest region
   CUevent_st* dma_in[kDmaSlots] = {};
   CUevent_st* dma_updated[kDmaSlots] = {};
@@ -169,7 +184,7 @@ struct AdamW::Impl {
   // Speculation: per speculated chunk, the master, m, v and bf16 weight it overwrote, in HBM.
   struct SpecChunk {
     std::size_t region = 0, chunk = 0, off = 0, count = 0;
-    float* save = nullptr;  // master, m, v (spec_pad(count) floats each), then count bf16
+    unsigned char* save = nullptr;  // master, m, v (spec_pad(count) elements each), then count bf16
   };
   alloc::unique_block spec_arena;
   std::size_t spec_cap = 0, spec_used = 0;
@@ -284,7 +299,7 @@ struct AdamW::Impl {
   void ensure_dma() {
 #ifdef GHT_HAVE_CUDA
     if (dma_mem) return;
-    dma_mem = alloc::unique_block(*alloc, dma_slots_bytes(dma_chunk),
+    dma_mem = alloc::unique_block(*alloc, dma_slots_bytes(dma_chunk, state_type),
                                   {TensorClass::other, "optimizer.dma_slots", TierKind::hbm, false});
     for (int i = 0; i < kDmaSlots; ++i) {
       dma_in[i] = new_event();
@@ -310,15 +325,20 @@ struct AdamW::Impl {
     return reinterpret_cast<bf16*>(staging[slot].as<unsigned char>() + (gbytes + 63) / 64 * 64);
   }
 
+  std::size_t esize(int i) const { return elem_size(i, state_type); }
+
   AdamWSpan span(const RegionState& rs, std::size_t off, std::size_t count, bool device) const {
     AdamWSpan s;
     const std::size_t gsize = grad_type_size(rs.desc.grad_type);
     auto f = [&](int i) {
-      return static_cast<float*>(device ? rs.st[i].device : rs.st[i].host) + off;
+      return static_cast<unsigned char*>(device ? rs.st[i].device : rs.st[i].host) + off * esize(i);
     };
-    s.master = f(0);
+    s.master = reinterpret_cast<float*>(f(0));
     s.m = f(1);
     s.v = f(2);
+    s.state = state_type;
+    s.key = rs.key;
+    s.first = off;
     const void* g = device ? rs.grad_dev : rs.desc.grad;
     s.grad = static_cast<const unsigned char*>(g) + off * gsize;
     s.grad_type = rs.desc.grad_type;
@@ -353,29 +373,35 @@ struct AdamW::Impl {
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const std::size_t off = c * rs.chunk, count = std::min(rs.chunk, rs.desc.n - off);
       const unsigned slot = dma_next++ % kDmaSlots;
-      float* base = dma_mem.as<float>() + static_cast<std::size_t>(slot) * 3 * dma_chunk;
+      // The slot's master, m and v arrays, each dma_chunk elements (multiples of 64: aligned).
+      unsigned char* slot_base = dma_mem.as<unsigned char>() + slot * dma_param_bytes(state_type) * dma_chunk;
+      unsigned char* arr[3] = {slot_base, slot_base + esize(0) * dma_chunk,
+                               slot_base + (esize(0) + esize(1)) * dma_chunk};
       GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
       for (int i = 0; i < 3; ++i) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(base + i * dma_chunk, static_cast<float*>(rs.st[i].host) + off,
-                                     count * sizeof(float), cudaMemcpyHostToDevice, up));
+        GHT_CUDA_TRY(cudaMemcpyAsync(arr[i], static_cast<const unsigned char*>(rs.st[i].host) + off * esize(i),
+                                     count * esize(i), cudaMemcpyHostToDevice, up));
       }
       record(dma_in[slot], up);
       GHT_CUDA_TRY(cudaStreamWaitEvent(link, dma_in[slot], 0));
       AdamWSpan s;
-      s.master = base;
-      s.m = base + dma_chunk;
-      s.v = base + 2 * dma_chunk;
+      s.master = reinterpret_cast<float*>(arr[0]);
+      s.m = arr[1];
+      s.v = arr[2];
       s.grad = static_cast<const unsigned char*>(rs.grad_dev) + off * gsize;
       s.grad_type = rs.desc.grad_type;
       s.weight = rs.weight_dev != nullptr ? static_cast<bf16*>(rs.weight_dev) + off : nullptr;
       s.n = count;
+      s.state = state_type;
+      s.key = rs.key;
+      s.first = off;
       if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
       adamw_gpu(s, k, link);
       record(dma_updated[slot], link);
       GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
       for (int i = 0; i < 3; ++i) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(rs.st[i].host) + off, base + i * dma_chunk,
-                                     count * sizeof(float), cudaMemcpyDeviceToHost, down));
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(rs.st[i].host) + off * esize(i), arr[i],
+                                     count * esize(i), cudaMemcpyDeviceToHost, down));
       }
       record(dma_free[slot], down);
       record(rs.events[c], down);  // weights and host state of the chunk are final
@@ -387,11 +413,17 @@ struct AdamW::Impl {
   }
 
   // ---- speculation ----
-  // Floats per saved array: a multiple of 8 keeps every array 32-byte aligned, so the undo
+  // Elements per saved array: a multiple of 8 keeps every array 16-byte aligned, so the undo
   // recompute takes the same (vector) kernel path as the update it replaces.
   static std::size_t spec_pad(std::size_t count) { return (count + 7) / 8 * 8; }
-  static std::size_t spec_bytes(std::size_t count) {
-    return (3 * spec_pad(count) * sizeof(float) + count * sizeof(bf16) + 255) / 256 * 256;
+  // Byte offset of saved array i in a chunk's save: master, m, v, then the bf16 weight (i = 3).
+  std::size_t spec_offset(std::size_t count, int i) const {
+    std::size_t o = 0;
+    for (int j = 0; j < i; ++j) o += spec_pad(count) * esize(j);
+    return o;
+  }
+  std::size_t spec_bytes(std::size_t count) const {
+    return (spec_offset(count, 3) + count * sizeof(bf16) + 255) / 256 * 256;
   }
   std::size_t region_spec_bytes(const RegionState& rs) const {
     std::size_t b = 0;
@@ -401,22 +433,22 @@ struct AdamW::Impl {
 
   // On `link`, before the chunk's kernel: copy the state it will overwrite (wherever the kernel
   // reads it: mapped host memory or a dma slot) and its bf16 weight into the arena.
-  void save_for_undo(RegionState& rs, std::size_t c, const float* master, const float* m, const float* v) {
+  void save_for_undo(RegionState& rs, std::size_t c, const float* master, const void* m, const void* v) {
 #ifdef GHT_HAVE_CUDA
     SpecChunk sc;
     sc.region = static_cast<std::size_t>(&rs - regions.data());
     sc.chunk = c;
     sc.off = c * rs.chunk;
     sc.count = std::min(rs.chunk, rs.desc.n - sc.off);
-    sc.save = reinterpret_cast<float*>(spec_arena.as<unsigned char>() + spec_used);
+    sc.save = spec_arena.as<unsigned char>() + spec_used;
     spec_used += spec_bytes(sc.count);
-    const std::size_t pad = spec_pad(sc.count), bytes = sc.count * sizeof(float);
-    const float* src[3] = {master, m, v};
+    const void* src[3] = {master, m, v};
     for (int i = 0; i < 3; ++i) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + i * pad, src[i], bytes, cudaMemcpyDefault, link));
+      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + spec_offset(sc.count, i), src[i], sc.count * esize(i),
+                                   cudaMemcpyDefault, link));
     }
     if (rs.weight_dev != nullptr) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + 3 * pad, static_cast<const bf16*>(rs.weight_dev) + sc.off,
+      GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + spec_offset(sc.count, 3), static_cast<const bf16*>(rs.weight_dev) + sc.off,
                                    sc.count * sizeof(bf16), cudaMemcpyDefault, link));
     }
     spec.push_back(sc);
@@ -439,21 +471,21 @@ struct AdamW::Impl {
     GHT_CUDA_TRY(cudaStreamWaitEvent(link, spec_fence, 0));
     for (const SpecChunk& sc : spec) {
       RegionState& rs = regions[sc.region];
-      const std::size_t pad = spec_pad(sc.count);
-      float* saved[3] = {sc.save, sc.save + pad, sc.save + 2 * pad};
-      AdamWSpan s = span(rs, sc.off, sc.count, true);  // this chunk's gradient and weight
+      unsigned char* saved[3] = {sc.save, sc.save + spec_offset(sc.count, 1), sc.save + spec_offset(sc.count, 2)};
+      AdamWSpan s = span(rs, sc.off, sc.count, true);  // this chunk's gradient, weight and stream
       if (redo) {
-        s.master = saved[0];
+        s.master = reinterpret_cast<float*>(saved[0]);
         s.m = saved[1];
         s.v = saved[2];
         adamw_gpu(s, rs.desc.weight_decay ? k_decay : k_plain, link);
       } else if (s.weight != nullptr) {
-        GHT_CUDA_TRY(cudaMemcpyAsync(s.weight, sc.save + 3 * pad, sc.count * sizeof(bf16), cudaMemcpyDefault, link));
+        GHT_CUDA_TRY(cudaMemcpyAsync(s.weight, sc.save + spec_offset(sc.count, 3), sc.count * sizeof(bf16),
+                                     cudaMemcpyDefault, link));
       }
       for (int i = 0; i < 3; ++i) {
         void* dst = rs.st[i].host != nullptr ? rs.st[i].host : rs.st[i].device;
-        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<float*>(dst) + sc.off, saved[i], sc.count * sizeof(float),
-                                     cudaMemcpyDefault, link));
+        GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + sc.off * esize(i), saved[i],
+                                     sc.count * esize(i), cudaMemcpyDefault, link));
       }
       record(rs.events[sc.chunk], link);
     }
@@ -561,38 +593,57 @@ struct AdamW::Impl {
 #endif
   }
 
-  void copy_in(const StateBuffer& b, const float* src, std::size_t n) {
+  // n fp32 values into state array i of rs: m and v in bf16 are rounded to nearest even (exact
+  // for values a bf16 state held: saving widens them, so a round trip keeps every byte).
+  void copy_in(const RegionState& rs, int i, const float* src) {
     if (src == nullptr) return;
+    const std::size_t n = rs.desc.n;
+    std::vector<std::uint16_t> narrowed;
+    const void* bytes = src;
+    if (esize(i) == sizeof(bf16)) {
+      narrowed.resize(n);
+      for (std::size_t j = 0; j < n; ++j) narrowed[j] = float_to_bf16_bits(src[j]);
+      bytes = narrowed.data();
+    }
+    const StateBuffer& b = rs.st[i];
     if (b.host != nullptr) {
-      std::memcpy(b.host, src, n * sizeof(float));
+      std::memcpy(b.host, bytes, n * esize(i));
       return;
     }
 #ifdef GHT_HAVE_CUDA
-    GHT_CUDA_TRY(cudaMemcpy(b.device, src, n * sizeof(float), cudaMemcpyHostToDevice));
+    GHT_CUDA_TRY(cudaMemcpy(b.device, bytes, n * esize(i), cudaMemcpyHostToDevice));
     // From pageable memory the copy may still be in flight on the legacy stream, which the
     // optimizer's non-blocking streams do not wait for.
     GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));
 #endif
   }
 
-  void copy_out(const StateBuffer& b, float* dst, std::size_t n) const {
+  // State array i of rs as n fp32 values (bf16 m and v widened, exactly).
+  void copy_out(const RegionState& rs, int i, float* dst) const {
     if (dst == nullptr) return;
+    const std::size_t n = rs.desc.n;
+    const StateBuffer& b = rs.st[i];
+    std::vector<std::uint16_t> narrow(esize(i) == sizeof(bf16) ? n : 0);
+    void* bytes = narrow.empty() ? static_cast<void*>(dst) : narrow.data();
     if (b.host != nullptr) {
-      std::memcpy(dst, b.host, n * sizeof(float));
-      return;
-    }
+      std::memcpy(bytes, b.host, n * esize(i));
+    } else {
 #ifdef GHT_HAVE_CUDA
-    GHT_CUDA_TRY(cudaMemcpy(dst, b.device, n * sizeof(float), cudaMemcpyDeviceToHost));
+      GHT_CUDA_TRY(cudaMemcpy(bytes, b.device, n * esize(i), cudaMemcpyDeviceToHost));
 #endif
+    }
+    for (std::size_t j = 0; j < narrow.size(); ++j) dst[j] = bf16_bits_to_float(narrow[j]);
   }
 
-  void zero(const StateBuffer& b, std::size_t n) {
+  void zero(const RegionState& rs, int i) {
+    const StateBuffer& b = rs.st[i];
+    const std::size_t bytes = rs.desc.n * esize(i);
     if (b.host != nullptr) {
-      zero_host(b.host, n * sizeof(float), opts.cpu_threads);  // first touch by the team
+      zero_host(b.host, bytes, opts.cpu_threads);  // first touch by the team
       return;
     }
 #ifdef GHT_HAVE_CUDA
-    GHT_CUDA_TRY(cudaMemset(b.device, 0, n * sizeof(float)));
+    GHT_CUDA_TRY(cudaMemset(b.device, 0, bytes));
     GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // see copy_in
 #endif
   }
@@ -612,6 +663,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
   I.gpu = detail::gpu_available();
   const PathChoice choice = opts.path ? *opts.path : path_choice_from_config();
   I.link_mode = opts.link_mode ? *opts.link_mode : link_mode_from_config();
+  I.state_type = opts.state_type ? *opts.state_type : state_type_from_config();
   if (choice == PathChoice::gpu_link || choice == PathChoice::device) {
     GHT_EXPECTS(I.gpu, "GHT_OPTIMIZER=" + std::string(to_string(choice)) +
                            " needs a GPU, and none is available");
@@ -666,10 +718,11 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     GHT_EXPECTS(names.insert(d.name).second, "AdamW: duplicate region name '" + d.name + "'");
     Impl::RegionState& rs = I.regions.emplace_back();
     rs.desc = std::move(d);
+    rs.key = round_key(rs.desc.name);
     for (int i = 0; i < 3; ++i) {
       const alloc::AllocRequest req{kStateClass[i], rs.desc.name, state_tier,
                                     /*may_spill=*/choice != PathChoice::device};
-      rs.mem[i] = alloc::unique_block(*I.alloc, rs.desc.n * sizeof(float), req);
+      rs.mem[i] = alloc::unique_block(*I.alloc, rs.desc.n * I.esize(i), req);
       rs.st[i] = state_view(rs.mem[i], I.gpu);
     }
     bool all_host = true, all_dev = true, all_hbm = true;
@@ -700,7 +753,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
         rs.path = Path::cpu;
         break;
     }
-    for (int i = 0; i < 3; ++i) I.zero(rs.st[i], rs.desc.n);
+    for (int i = 0; i < 3; ++i) I.zero(rs, i);
     I.configure(rs);
   }
   I.reserve_speculation();
@@ -720,6 +773,7 @@ LinkMode AdamW::link_mode(std::size_t r) const {
   return impl_->at(r).dma ? LinkMode::dma : LinkMode::zero_copy;
 }
 const AdamWHyper& AdamW::hyper() const { return impl_->opts.hyper; }
+StateType AdamW::state_type() const { return impl_->state_type; }
 alloc::tiered_allocator& AdamW::allocator() const { return *impl_->alloc; }
 
 const OptimizerStats& AdamW::stats() const { return impl_->stats; }
@@ -787,7 +841,7 @@ void AdamW::init_master_from_weights() {
     }
     std::vector<float> f(n);
     for (std::size_t i = 0; i < n; ++i) f[i] = bf16_bits_to_float(w[i]);
-    I.copy_in(rs.st[0], f.data(), n);
+    I.copy_in(rs, 0, f.data());
   }
 }
 
@@ -795,9 +849,9 @@ void AdamW::load_state(std::size_t r, const float* master, const float* m, const
   cancel_speculation();
   synchronize();
   Impl::RegionState& rs = impl_->at(r);
-  impl_->copy_in(rs.st[0], master, rs.desc.n);
-  impl_->copy_in(rs.st[1], m, rs.desc.n);
-  impl_->copy_in(rs.st[2], v, rs.desc.n);
+  impl_->copy_in(rs, 0, master);
+  impl_->copy_in(rs, 1, m);
+  impl_->copy_in(rs, 2, v);
 }
 
 void AdamW::save_state(std::size_t r, float* master, float* m, float* v) const {
@@ -805,9 +859,9 @@ void AdamW::save_state(std::size_t r, float* master, float* m, float* v) const {
                                        " speculated chunks wait for begin_step or cancel_speculation");
   synchronize();
   const Impl::RegionState& rs = impl_->at(r);
-  impl_->copy_out(rs.st[0], master, rs.desc.n);
-  impl_->copy_out(rs.st[1], m, rs.desc.n);
-  impl_->copy_out(rs.st[2], v, rs.desc.n);
+  impl_->copy_out(rs, 0, master);
+  impl_->copy_out(rs, 1, m);
+  impl_->copy_out(rs, 2, v);
 }
 
 StepResult AdamW::begin_step(double lr, CUstream_st* producer) {

@@ -7,6 +7,8 @@
  * master, m and v buffers from the run's alloc::tiered_allocator (the plan installed there
  * decides each region's tier; requests carry the region's name and class master/adam_m/adam_v),
  * a bf16 compute weight and a gradient (bf16 or fp32, in HBM or in the host accumulator).
+ * GHT_OPT_STATE=bf16 keeps m and v in bf16 instead (opt-in; rounding in adamw_kernels.hpp): every
+ * path, the dma slots and the undo arena then move and hold 2 bytes per moment, not 4.
  *
  * Paths (GHT_OPTIMIZER=auto|gpu_link|cpu|device, per region):
  *   device    state in HBM; the GPU kernel (adamw_gpu) runs on the optimizer's link stream.
@@ -72,8 +74,9 @@ enum class LinkMode { zero_copy, dma };
 /// The mode from GHT_OPT_LINK_MODE.
 [[nodiscard]] LinkMode link_mode_from_config();
 /// HBM the dma mode reserves (three slots of master, m and v chunks) when the largest region
-/// has `largest_region` parameters: what a plan must leave free once any state is on the host.
-[[nodiscard]] std::size_t dma_slot_bytes(std::size_t largest_region);
+/// has `largest_region` parameters and m and v are of type `st`: what a plan must leave free
+/// once any state is on the host.
+[[nodiscard]] std::size_t dma_slot_bytes(std::size_t largest_region, StateType st);
 
 /// One state buffer and how each side reaches it (a view of memory the optimizer owns).
 struct StateBuffer {
@@ -96,6 +99,7 @@ struct AdamWOptions {
   AdamWHyper hyper;
   std::optional<PathChoice> path;  ///< unset: GHT_OPTIMIZER
   std::optional<LinkMode> link_mode;  ///< unset: GHT_OPT_LINK_MODE
+  std::optional<StateType> state_type;  ///< element type of m and v; unset: GHT_OPT_STATE
   std::size_t chunk_elems = 0;     ///< parameters per GPU chunk; 0: GHT_OPT_CHUNK / 4
   std::size_t staging_bytes = 0;   ///< cpu path staging bytes per slot; 0: GHT_STAGING_BYTES
   int cpu_threads = 0;             ///< 0: GHT_CPU_THREADS / cores of the host NUMA node
@@ -155,17 +159,21 @@ class AdamW {
   [[nodiscard]] Path path(std::size_t r) const;
   /// How a gpu_link region reaches its state (zero_copy for other paths).
   [[nodiscard]] LinkMode link_mode(std::size_t r) const;
-  /// cls: TensorClass::master, adam_m or adam_v.
+  /// cls: TensorClass::master (fp32), adam_m or adam_v (elements of state_type()).
   [[nodiscard]] const StateBuffer& state(std::size_t r, TensorClass cls) const;
+  /// Element type of every region's m and v.
+  [[nodiscard]] StateType state_type() const;
   [[nodiscard]] const AdamWHyper& hyper() const;
   /// Point region r at a new gradient buffer.
   void set_grad(std::size_t r, const void* grad, GradType type);
 
   /// master = float(weight) for every region with a weight (init from a bf16 checkpoint).
   void init_master_from_weights();
-  /// Copy host arrays (n floats each; null = leave that buffer) into region r's state.
+  /// Copy host arrays (n floats each; null = leave that buffer) into region r's state. With
+  /// bf16 state m and v are rounded to nearest even: exact for values save_state gave.
   void load_state(std::size_t r, const float* master, const float* m, const float* v);
-  /// Copy region r's state into host arrays (null = skip). Waits for pending updates.
+  /// Copy region r's state into host arrays (null = skip; bf16 m and v widened exactly). Waits
+  /// for pending updates.
   void save_state(std::size_t r, float* master, float* m, float* v) const;
   [[nodiscard]] std::int64_t step_count() const;
   void set_step_count(std::int64_t t);  ///< for resume

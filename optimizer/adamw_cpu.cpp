@@ -38,7 +38,17 @@ StepScalars make_step_scalars(const AdamWHyper& h, double lr, std::int64_t step,
   k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   k.decay = static_cast<float>(decay ? 1.0 - lr * h.weight_decay : 1.0);
   k.grad_scale = static_cast<float>(grad_scale);
+  k.step = static_cast<std::uint64_t>(step);
   return k;
+}
+
+std::uint64_t round_key(std::string_view region_name) noexcept {
+  std::uint64_t h = 0xCBF29CE484222325ull;
+  for (const char c : region_name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001B3ull;
+  }
+  return h;
 }
 
 namespace {
@@ -46,34 +56,58 @@ namespace {
 inline float load_grad(const float* g, std::size_t i) { return g[i]; }
 inline float load_grad(const std::uint16_t* g, std::size_t i) { return bf16_bits_to_float(g[i]); }
 
-template <typename G, bool kWeight>
-void adamw_range(float* __restrict master, float* __restrict m, float* __restrict v,
+// m and v as stored: fp32, or bf16 bits (m rounded to nearest even, v stochastically with the
+// bits of its element's index in the region's stream; see adamw_kernels.hpp).
+inline float load_state(const float* s, std::size_t i) { return s[i]; }
+inline float load_state(const std::uint16_t* s, std::size_t i) { return bf16_bits_to_float(s[i]); }
+inline void store_moments(float* m, float* v, std::size_t i, float mi, float vi, std::uint64_t,
+                          std::uint64_t) {
+  m[i] = mi;
+  v[i] = vi;
+}
+inline void store_moments(std::uint16_t* m, std::uint16_t* v, std::size_t i, float mi, float vi,
+                          std::uint64_t stream, std::uint64_t first) {
+  m[i] = float_to_bf16_bits(mi);
+  v[i] = float_to_bf16_bits_sr(vi, round_bits(stream, first + i));
+}
+
+template <typename G, typename S, bool kWeight>
+void adamw_range(float* __restrict master, S* __restrict m, S* __restrict v,
                  const G* __restrict g, std::uint16_t* __restrict w, std::size_t n,
-                 const StepScalars k) {
+                 const StepScalars k, std::uint64_t stream, std::uint64_t first) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) {
     const float gi = load_grad(g, i) * k.grad_scale;
-    const float mi = k.beta1 * m[i] + k.one_minus_beta1 * gi;
-    const float vi = k.beta2 * v[i] + k.one_minus_beta2 * (gi * gi);
+    const float mi = k.beta1 * load_state(m, i) + k.one_minus_beta1 * gi;
+    const float vi = k.beta2 * load_state(v, i) + k.one_minus_beta2 * (gi * gi);
     const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
     const float p = master[i] * k.decay - k.step_size * (mi / denom);
-    m[i] = mi;
-    v[i] = vi;
+    store_moments(m, v, i, mi, vi, stream, first);
     master[i] = p;
     if constexpr (kWeight) w[i] = float_to_bf16_bits(p);
   }
 }
 
-template <typename G, bool kWeight>
+template <typename G, typename S, bool kWeight>
 void adamw_team(const AdamWSpan& s, const StepScalars& k, int threads) {
   const G* g = static_cast<const G*>(s.grad);
+  auto* m = static_cast<S*>(s.m);
+  auto* v = static_cast<S*>(s.v);
   auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
+  const std::uint64_t stream = round_stream(s.key, k.step);
   parallel_pinned(threads, [&](int tid, int nt) {
     const Range r = thread_range(s.n, tid, nt);
     if (r.end <= r.begin) return;
-    adamw_range<G, kWeight>(s.master + r.begin, s.m + r.begin, s.v + r.begin, g + r.begin,
-                            kWeight ? w + r.begin : nullptr, r.end - r.begin, k);
+    adamw_range<G, S, kWeight>(s.master + r.begin, m + r.begin, v + r.begin, g + r.begin,
+                               kWeight ? w + r.begin : nullptr, r.end - r.begin, k, stream,
+                               s.first + r.begin);
   });
+}
+
+template <typename G, typename S>
+void adamw_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
+  if (s.weight) adamw_team<G, S, true>(s, k, threads);
+  else adamw_team<G, S, false>(s, k, threads);
 }
 
 // Below this many elements a parallel region costs more than it saves.
@@ -121,12 +155,13 @@ void adamw_cpu(const AdamWSpan& s, const StepScalars& k, int threads) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_cpu: null master/m/v/grad pointer");
   const int nt = team_size(s.n, threads);
+  const bool bf16_state = s.state == StateType::bf16;
   if (s.grad_type == GradType::bf16) {
-    if (s.weight) adamw_team<std::uint16_t, true>(s, k, nt);
-    else adamw_team<std::uint16_t, false>(s, k, nt);
+    if (bf16_state) adamw_typed<std::uint16_t, std::uint16_t>(s, k, nt);
+    else adamw_typed<std::uint16_t, float>(s, k, nt);
   } else {
-    if (s.weight) adamw_team<float, true>(s, k, nt);
-    else adamw_team<float, false>(s, k, nt);
+    if (bf16_state) adamw_typed<float, std::uint16_t>(s, k, nt);
+    else adamw_typed<float, float>(s, k, nt);
   }
 }
 

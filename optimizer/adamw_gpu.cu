@@ -3,15 +3,17 @@
 // One kernel serves both paths: master, m and v are read and written in place wherever they live
 // (HBM, mapped pinned host memory over PCIe, system memory over C2C), the gradient is read from
 // HBM or host memory, and the bf16 weight is written to HBM. Per parameter it moves
-// 12 B read + 12 B written of state, 2 or 4 B of gradient and 2 B of weight: memory-bound.
+// 12 B read + 12 B written of state (8 + 8 with bf16 m and v), 2 or 4 B of gradient and 2 B of
+// weight: memory-bound.
 // Each thread handles 8 consecutive parameters per iteration with 16-byte accesses (two float4
-// per state array, one uint4 of bf16 gradients and weights), which keeps many long-latency link
+// per fp32 array, one uint4 per bf16 array), which keeps many long-latency link
 // reads in flight; state uses streaming (evict-first) cache hints because it is touched once.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "optimizer/adamw_kernels.hpp"
 #include "tier/cuda_check.hpp"
@@ -55,21 +57,73 @@ __device__ __forceinline__ unsigned bf16_bits(float x) {
   return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
 }
 
-// The update of one parameter; same operation order as adamw_cpu (see adamw_kernels.hpp).
-__device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float g,
-                                          const StepScalars& k) {
-  g *= k.grad_scale;
-  m = k.beta1 * m + k.one_minus_beta1 * g;
-  v = k.beta2 * v + k.one_minus_beta2 * (g * g);
-  const float denom = sqrtf(v) * k.inv_sqrt_bc2 + k.eps;
-  p = p * k.decay - k.step_size * (m / denom);
+// m and v as stored: fp32, or bf16 bits (8 per 16-byte vector).
+__device__ __forceinline__ void load8_state(const float* s, float (&o)[8]) { load8(s, o); }
+__device__ __forceinline__ void load8_state(const std::uint16_t* s, float (&o)[8]) { load8_grad(s, o); }
+__device__ __forceinline__ float load1_state(const float* s, std::size_t i) { return s[i]; }
+__device__ __forceinline__ float load1_state(const std::uint16_t* s, std::size_t i) {
+  return bf16_bits_to_float(s[i]);
 }
 
-template <typename G, bool kWeight>
+// Stores m and v of 8 (or 1) parameters; index: the first one's index within its region.
+// bf16: m rounded to nearest even, v stochastically with its element's bits of the stream,
+// with the same integer code adamw_cpu runs (bf16.hpp, adamw_kernels.hpp).
+__device__ __forceinline__ void store8_moments(float* m, float* v, const float (&mm)[8],
+                                               const float (&vv)[8], std::uint64_t, std::uint64_t) {
+  store8(m, mm);
+  store8(v, vv);
+}
+__device__ __forceinline__ void store8_moments(std::uint16_t* m, std::uint16_t* v, const float (&mm)[8],
+                                               const float (&vv)[8], std::uint64_t stream,
+                                               std::uint64_t index) {
+  unsigned om[4], ov[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    om[j] = float_to_bf16_bits(mm[2 * j]) | (static_cast<unsigned>(float_to_bf16_bits(mm[2 * j + 1])) << 16);
+    ov[j] = float_to_bf16_bits_sr(vv[2 * j], round_bits(stream, index + 2 * j)) |
+            (static_cast<unsigned>(float_to_bf16_bits_sr(vv[2 * j + 1], round_bits(stream, index + 2 * j + 1))) << 16);
+  }
+  __stcs(reinterpret_cast<uint4*>(m), make_uint4(om[0], om[1], om[2], om[3]));
+  __stcs(reinterpret_cast<uint4*>(v), make_uint4(ov[0], ov[1], ov[2], ov[3]));
+}
+__device__ __forceinline__ void store1_moments(float* m, float* v, std::size_t i, float mi, float vi,
+                                               std::uint64_t, std::uint64_t) {
+  m[i] = mi;
+  v[i] = vi;
+}
+__device__ __forceinline__ void store1_moments(std::uint16_t* m, std::uint16_t* v, std::size_t i, float mi,
+                                               float vi, std::uint64_t stream, std::uint64_t index) {
+  m[i] = float_to_bf16_bits(mi);
+  v[i] = float_to_bf16_bits_sr(vi, round_bits(stream, index));
+}
+
+// The update of one parameter; same operation order as adamw_cpu (see adamw_kernels.hpp).
+// fp32 state lets the compiler contract to FMA (within an fp32 ulp of adamw_cpu per operation);
+// bf16 state rounds every operation on its own, as adamw_cpu (-ffp-contract=off) does, so the
+// fp32 values that get rounded to bf16 are the host's bit for bit.
+template <typename S>
+__device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float g,
+                                          const StepScalars& k) {
+  if constexpr (std::is_same_v<S, float>) {
+    g *= k.grad_scale;
+    m = k.beta1 * m + k.one_minus_beta1 * g;
+    v = k.beta2 * v + k.one_minus_beta2 * (g * g);
+    const float denom = sqrtf(v) * k.inv_sqrt_bc2 + k.eps;
+    p = p * k.decay - k.step_size * (m / denom);
+  } else {
+    g = __fmul_rn(g, k.grad_scale);
+    m = __fadd_rn(__fmul_rn(k.beta1, m), __fmul_rn(k.one_minus_beta1, g));
+    v = __fadd_rn(__fmul_rn(k.beta2, v), __fmul_rn(k.one_minus_beta2, __fmul_rn(g, g)));
+    const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), k.inv_sqrt_bc2), k.eps);
+    p = __fsub_rn(__fmul_rn(p, k.decay), __fmul_rn(k.step_size, __fdiv_rn(m, denom)));
+  }
+}
+
+template <typename G, typename S, bool kWeight>
 __global__ void __launch_bounds__(kThreads)
-    adamw_vec8_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
+    adamw_vec8_kernel(float* __restrict__ master, S* __restrict__ m, S* __restrict__ v,
                       const G* __restrict__ grad, std::uint16_t* __restrict__ weight,
-                      std::size_t n8, StepScalars k) {
+                      std::size_t n8, StepScalars k, std::uint64_t stream, std::uint64_t first) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n8;
        i += stride) {
@@ -77,14 +131,13 @@ __global__ void __launch_bounds__(kThreads)
     float p[8], mm[8], vv[8], g[8];
     // All loads first, so each thread has 6-8 independent 16-byte link reads outstanding.
     load8(master + e, p);
-    load8(m + e, mm);
-    load8(v + e, vv);
+    load8_state(m + e, mm);
+    load8_state(v + e, vv);
     load8_grad(grad + e, g);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) adam_elem(p[j], mm[j], vv[j], g[j], k);
+    for (int j = 0; j < 8; ++j) adam_elem<S>(p[j], mm[j], vv[j], g[j], k);
     store8(master + e, p);
-    store8(m + e, mm);
-    store8(v + e, vv);
+    store8_moments(m + e, v + e, mm, vv, stream, first + e);
     if constexpr (kWeight) {
       uint4 out;
       out.x = bf16_bits(p[0]) | (bf16_bits(p[1]) << 16);
@@ -97,19 +150,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Unaligned buffers and the last n % 8 parameters.
-template <typename G, bool kWeight>
+template <typename G, typename S, bool kWeight>
 __global__ void __launch_bounds__(kThreads)
-    adamw_scalar_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
+    adamw_scalar_kernel(float* __restrict__ master, S* __restrict__ m, S* __restrict__ v,
                         const G* __restrict__ grad, std::uint16_t* __restrict__ weight,
-                        std::size_t n, StepScalars k) {
+                        std::size_t n, StepScalars k, std::uint64_t stream, std::uint64_t first) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    float p = master[i], mi = m[i], vi = v[i];
-    adam_elem(p, mi, vi, load1_grad(grad, i), k);
+    float p = master[i], mi = load1_state(m, i), vi = load1_state(v, i);
+    adam_elem<S>(p, mi, vi, load1_grad(grad, i), k);
     master[i] = p;
-    m[i] = mi;
-    v[i] = vi;
+    store1_moments(m, v, i, mi, vi, stream, first + i);
     if constexpr (kWeight) weight[i] = static_cast<std::uint16_t>(bf16_bits(p));
   }
 }
@@ -140,30 +192,39 @@ unsigned grid_for(std::size_t items) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-template <typename G, bool kWeight>
+template <typename G, typename S, bool kWeight>
 void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
   const G* g = static_cast<const G*>(s.grad);
+  auto* m = static_cast<S*>(s.m);
+  auto* v = static_cast<S*>(s.v);
   auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
-  const bool vec = aligned16(s.master) && aligned16(s.m) && aligned16(s.v) && aligned16(g) &&
+  const std::uint64_t rs = round_stream(s.key, k.step);
+  const bool vec = aligned16(s.master) && aligned16(m) && aligned16(v) && aligned16(g) &&
                    (!kWeight || aligned16(w));
   std::size_t done = 0;
   if (vec) {
     const std::size_t n8 = s.n / 8;
     if (n8 > 0) {
-      constexpr auto kern = adamw_vec8_kernel<G, kWeight>;
-      kern<<<grid_for<kern>(n8), kThreads, 0, stream>>>(s.master, s.m, s.v, g, w, n8, k);
+      constexpr auto kern = adamw_vec8_kernel<G, S, kWeight>;
+      kern<<<grid_for<kern>(n8), kThreads, 0, stream>>>(s.master, m, v, g, w, n8, k, rs, s.first);
       GHT_CUDA_CHECK_LAUNCH();
       done = n8 * 8;
     }
   }
   if (done < s.n) {
     const std::size_t rest = s.n - done;
-    constexpr auto kern = adamw_scalar_kernel<G, kWeight>;
-    kern<<<grid_for<kern>(rest), kThreads, 0, stream>>>(s.master + done, s.m + done, s.v + done,
+    constexpr auto kern = adamw_scalar_kernel<G, S, kWeight>;
+    kern<<<grid_for<kern>(rest), kThreads, 0, stream>>>(s.master + done, m + done, v + done,
                                                         g + done, kWeight ? w + done : nullptr,
-                                                        rest, k);
+                                                        rest, k, rs, s.first + done);
     GHT_CUDA_CHECK_LAUNCH();
   }
+}
+
+template <typename G, typename S>
+void launch_typed(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
+  if (s.weight != nullptr) launch<G, S, true>(s, k, stream);
+  else launch<G, S, false>(s, k, stream);
 }
 
 // ---- sum of squares ------------------------------------------------------------------------
@@ -222,11 +283,13 @@ __global__ void sum_partials_kernel(double* partials, int n) {
 void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_gpu: null master/m/v/grad pointer");
-  const bool w = s.weight != nullptr;
+  const bool bf16_state = s.state == StateType::bf16;
   if (s.grad_type == GradType::bf16) {
-    w ? launch<std::uint16_t, true>(s, k, stream) : launch<std::uint16_t, false>(s, k, stream);
+    if (bf16_state) launch_typed<std::uint16_t, std::uint16_t>(s, k, stream);
+    else launch_typed<std::uint16_t, float>(s, k, stream);
   } else {
-    w ? launch<float, true>(s, k, stream) : launch<float, false>(s, k, stream);
+    if (bf16_state) launch_typed<float, std::uint16_t>(s, k, stream);
+    else launch_typed<float, float>(s, k, stream);
   }
 }
 

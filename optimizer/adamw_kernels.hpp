@@ -13,12 +13,25 @@
  * The per-step constants are folded once per step in double (make_step_scalars); the element
  * loops run in fp32.
  *
+ * State type (GHT_OPT_STATE=fp32|bf16): master is always fp32; m and v are fp32, or bf16 to cut
+ * the state each step moves from 24 to 16 bytes per parameter. In bf16 the update above runs in
+ * fp32 on the widened m and v (p uses the unrounded fp32 m and v of this step), then stores
+ *   m  = bf16_rn(m)                             round to nearest even
+ *   v  = bf16_sr(v, round_bits(round_stream(key, t), i))   stochastic: away from zero with
+ *                                               probability = the dropped fraction of an ulp
+ * where the 16 random bits are a counter-based hash of (region key, step t, element index i
+ * within the region): the same on the host and the GPU, for any thread count, chunking or
+ * resume. The GPU kernel then rounds every fp32 operation separately (no FMA contraction), as
+ * the host loop does, so both produce the same bytes.
+ *
  * Bytes each parameter must move (the roofline of every path):
- *   read grad (2 bf16 / 4 fp32) + read master, m, v (12) + write master, m, v (12) + write w (2).
+ *   read grad (2 bf16 / 4 fp32) + read master, m, v (12; 8 with bf16 state)
+ *   + write master, m, v (12; 8 with bf16 state) + write w (2).
  * FLOPs per parameter: about 15 plus one sqrt and one divide; every path is memory-bound.
  */
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "optimizer/bf16.hpp"
 
@@ -35,6 +48,49 @@ enum class GradType : int { bf16 = 0, fp32 = 1 };
 [[nodiscard]] constexpr std::size_t grad_type_size(GradType t) noexcept {
   return t == GradType::bf16 ? 2 : 4;
 }
+
+/// Element type of the AdamW moments m and v (master is always fp32).
+enum class StateType : int { fp32 = 0, bf16 = 1 };
+/// Bytes of one m or v element: the one place every state size (allocation, dma slots, undo
+/// arena, the plan's regions) is derived from.
+[[nodiscard]] constexpr std::size_t state_type_size(StateType t) noexcept {
+  return t == StateType::bf16 ? 2 : 4;
+}
+[[nodiscard]] constexpr const char* to_string(StateType t) noexcept {
+  return t == StateType::bf16 ? "bf16" : "fp32";
+}
+/// "fp32|bf16" (case-insensitive); throws ght::config_error naming GHT_OPT_STATE and the text.
+[[nodiscard]] StateType parse_state_type(std::string_view text);
+/// The type from GHT_OPT_STATE.
+[[nodiscard]] StateType state_type_from_config();
+
+/// splitmix64's output function: a bijective 64-bit mix.
+GHT_HD std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+/// The rounding stream of one region at one step; round_bits draws from it.
+GHT_HD std::uint64_t round_stream(std::uint64_t key, std::uint64_t step) {
+  return mix64(key ^ mix64(step));
+}
+/// 16 uniform random bits for element `index` of a stream: a 32-bit mix (Wellons' lowbias32) of
+/// the stream's low word plus a Weyl step of the index. 32-bit multiplies keep the host loop
+/// vectorised (x86-64-v2 and NEON have no 64-bit vector multiply); the bits repeat every 2^32
+/// elements of one region, which leaves neighbouring values independent.
+GHT_HD std::uint32_t round_bits(std::uint64_t stream, std::uint64_t index) {
+  std::uint32_t x = static_cast<std::uint32_t>(stream) + static_cast<std::uint32_t>(index) * 0x9E3779B9u;
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  x ^= x >> 16;
+  return x >> 16;
+}
+/// A region's key for the rounding stream: FNV-1a of its name (independent of region order).
+[[nodiscard]] std::uint64_t round_key(std::string_view region_name) noexcept;
 
 /// AdamW hyper-parameters fixed for a run (lr is supplied per step).
 struct AdamWHyper {
@@ -54,6 +110,7 @@ struct StepScalars {
   float inv_sqrt_bc2 = 0;  ///< 1 / sqrt(1 − β2^t)
   float decay = 1;         ///< 1 − lr·wd, or 1 without weight decay
   float grad_scale = 1;    ///< clip coefficient
+  std::uint64_t step = 0;  ///< t: the bf16-state rounding stream's step
 };
 
 /**
@@ -69,12 +126,15 @@ struct StepScalars {
 /// A contiguous slice of one region, updated in place.
 struct AdamWSpan {
   float* master = nullptr;  ///< (n) fp32 master weights
-  float* m = nullptr;       ///< (n) first moment
-  float* v = nullptr;       ///< (n) second moment
+  void* m = nullptr;        ///< (n) first moment, element type `state`
+  void* v = nullptr;        ///< (n) second moment, element type `state`
   const void* grad = nullptr;  ///< (n) gradients, element type grad_type
   GradType grad_type = GradType::bf16;
   bf16* weight = nullptr;   ///< (n) bf16 compute weights to write; may be null
   std::size_t n = 0;
+  StateType state = StateType::fp32;
+  std::uint64_t key = 0;    ///< bf16 state: the region's round_key
+  std::uint64_t first = 0;  ///< bf16 state: index of element 0 within the region
 };
 
 /**

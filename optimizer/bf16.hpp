@@ -7,6 +7,8 @@
  * every NaN input: bit for bit what CUDA's `__float2bfloat16_rn` (PTX `cvt.rn.bf16.f32`) gives,
  * including subnormals (kept, not flushed) and overflow to infinity. It is plain integer code, so
  * it vectorises on x86 and aarch64 alike and also compiles for the device.
+ * `float_to_bf16_bits_sr` rounds stochastically from 16 random bits the caller supplies (bf16
+ * AdamW state, see adamw_kernels.hpp).
  */
 #include <cstdint>
 #include <cstring>
@@ -53,6 +55,17 @@ GHT_HD std::uint16_t float_to_bf16_bits(float f) {
   const std::uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
   const bool is_nan = (x & 0x7FFFFFFFu) > 0x7F800000u;
   return static_cast<std::uint16_t>(is_nan ? 0x7FFFu : rounded);
+}
+
+/// Stochastically rounded float -> bf16 bits: away from zero with probability equal to the
+/// dropped fraction of an ulp (r16: 16 uniform random bits), so the expected result is f.
+/// NaN -> 0x7FFF; ±Inf stay; the largest finite values may round to ±Inf, as RNE may.
+GHT_HD std::uint16_t float_to_bf16_bits_sr(float f, std::uint32_t r16) {
+  const std::uint32_t x = float_bits(f);
+  const bool is_nan = (x & 0x7FFFFFFFu) > 0x7F800000u;
+  // Adding r16 < 2^16 carries into the kept half with probability (dropped half) / 2^16; the
+  // largest non-NaN pattern (0xFF800000) cannot overflow 32 bits.
+  return static_cast<std::uint16_t>(is_nan ? 0x7FFFu : (x + r16) >> 16);
 }
 
 /// Exact bf16 -> float widening.

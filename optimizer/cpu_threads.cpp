@@ -7,49 +7,25 @@
 #include <exception>
 
 #include "tier/config.hpp"
+#include "tier/host_triad.hpp"
 #include "tier/topology.hpp"
 
 namespace ght::optimizer {
 
 namespace {
 
-std::vector<int> process_cpus() {
-  std::vector<int> cpus;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-    }
-  }
-  if (cpus.empty()) cpus.push_back(0);
-  return cpus;
-}
-
-std::vector<int> discover_cpus() {
-  const std::vector<int> allowed = process_cpus();
-  std::vector<int> node_cpus;
+int host_node() {
   try {
-    const tier::Topology& topo = tier::topology();
-    for (const tier::NumaNode& node : topo.numa_nodes) {
-      if (node.os_index == topo.host_numa_node) node_cpus = node.cpus;
-    }
+    return tier::topology().host_numa_node;
   } catch (const std::exception&) {
-    // Without a usable topology the process mask is still a correct (if unordered by node) list.
-    node_cpus.clear();
+    return 0;  // team_cpus falls back to the process's CPUs without a usable topology
   }
-  std::vector<int> out;
-  for (int c : node_cpus) {
-    if (std::find(allowed.begin(), allowed.end(), c) != allowed.end()) out.push_back(c);
-  }
-  // A cpuset that excludes the whole node (containers) must not leave us with no cores.
-  return out.empty() ? allowed : out;
 }
 
 }  // namespace
 
 const std::vector<int>& pinned_cpu_list() {
-  static const std::vector<int> cpus = discover_cpus();
+  static const std::vector<int> cpus = tier::team_cpus(host_node());
   return cpus;
 }
 

@@ -23,7 +23,8 @@ namespace ght::optimizer {
 [[nodiscard]] int resolve_cpu_threads(int requested = 0);
 
 /// The cores (OS indices) teams are pinned to, in order: those of the host NUMA node allowed by
-/// the process affinity mask; the process mask itself when topology discovery fails.
+/// the process affinity mask; the process mask itself when topology discovery fails
+/// (tier::team_cpus, the list the host triad pins to as well).
 [[nodiscard]] const std::vector<int>& pinned_cpu_list();
 
 namespace detail {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <utility>
 
 namespace ght::tier {
@@ -35,8 +37,8 @@ OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params, double grad
                   std::to_string(grad_bytes_per_param));
   OptimizerLinkPrediction p;
   const double n = static_cast<double>(params);
-  p.read_bytes = n * (12.0 + grad_bytes_per_param);  // master, m, v (+ grad from the host)
-  p.write_bytes = n * 12.0;                          // master, m, v written back in place
+  p.read_bytes = n * (kAdamStateBytes + grad_bytes_per_param);  // (+ grad from the host)
+  p.write_bytes = n * kAdamStateBytes;  // written back in place
   p.read_seconds = seconds_for(p.read_bytes, link.kernel_read_bps);
   p.write_seconds = seconds_for(p.write_bytes, link.kernel_write_bps);
   p.seconds = link_time(link, p.read_seconds, p.write_seconds, p.read_bytes, p.write_bytes);
@@ -46,6 +48,87 @@ OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params, double grad
 double predict_optimizer_link_seconds(std::uint64_t params, double grad_bytes_per_param,
                                       const LinkNumbers& link) {
   return predict_optimizer_link(params, grad_bytes_per_param, link).seconds;
+}
+
+namespace {
+
+/// One resource's time across the split: (1 - f)·all_link + f·all_cpu.
+struct Line {
+  const char* name;
+  double all_link, all_cpu;
+  [[nodiscard]] double at(double f) const {  // the ends exactly, so 0·inf never happens
+    if (f <= 0) return all_link;
+    if (f >= 1) return all_cpu;
+    return (1 - f) * all_link + f * all_cpu;
+  }
+};
+
+}  // namespace
+
+UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& link) {
+  GHT_EXPECTS(in.cpu_params_per_s >= 0 && in.host_bps >= 0,
+              "predict_update_split: rates must be >= 0");
+  const double nh = static_cast<double>(in.params_grad_hbm);
+  const double ns = static_cast<double>(in.params_grad_host);
+  const double host_bps = in.host_bps > 0 ? in.host_bps : link.host_triad_bps;
+  const double cpu_host_bytes = adamw_bytes_per_param(kHostGradBytes);
+  const double rate = in.cpu_params_per_s > 0 ? in.cpu_params_per_s
+                                              : (host_bps > 0 ? host_bps / cpu_host_bytes : 0);
+
+  // gpu_link: the kernel's traffic, all of it host DRAM traffic too.
+  const OptimizerLinkPrediction gh = predict_optimizer_link(in.params_grad_hbm, 0, link);
+  const OptimizerLinkPrediction gs = predict_optimizer_link(in.params_grad_host, kHostGradBytes, link);
+  // cpu: gradient down (only where it is in HBM) and weight up, by memcpy through staging.
+  const double down = nh * kHostGradBytes, up = (nh + ns) * kUpdateWeightBytes;
+  const double cpu_link = link_time(link, seconds_for(up, link.h2d_bps),
+                                    seconds_for(down, link.d2h_bps), up, down);
+  const double n = nh + ns;
+  const Line lines[] = {
+      {"link", gh.seconds + gs.seconds, cpu_link},
+      {"cpu", 0, n > 0 ? seconds_for(n, rate) : 0},
+      // An unknown host-memory bandwidth is not charged (unlike a missing link or CPU rate,
+      // it does not make a path impossible).
+      {"host memory",
+       host_bps > 0 ? (gh.read_bytes + gh.write_bytes + gs.read_bytes + gs.write_bytes) / host_bps : 0,
+       host_bps > 0 ? (n * cpu_host_bytes + up + down) / host_bps : 0},
+  };
+  auto total = [&](double f) {
+    double t = 0;
+    for (const Line& l : lines) t = std::max(t, l.at(f));
+    return t;
+  };
+  std::vector<double> candidates{0.0, 1.0};
+  for (std::size_t i = 0; i < std::size(lines); ++i) {
+    for (std::size_t j = i + 1; j < std::size(lines); ++j) {
+      const double dx = lines[j].all_link - lines[i].all_link;
+      const double den = dx - (lines[j].all_cpu - lines[i].all_cpu);
+      if (std::isfinite(dx) && std::isfinite(den) && den != 0) {
+        candidates.push_back(std::clamp(dx / den, 0.0, 1.0));
+      }
+    }
+  }
+  std::sort(candidates.begin(), candidates.end());
+  UpdateSplit r;
+  r.all_link_seconds = total(0);
+  r.all_cpu_seconds = total(1);
+  r.seconds = r.all_link_seconds;
+  for (double f : candidates) {  // ascending, strictly better only: ties keep the smaller f
+    const double t = total(f);
+    if (t < r.seconds) {
+      r.seconds = t;
+      r.cpu_fraction = f;
+    }
+  }
+  r.link_seconds = lines[0].at(r.cpu_fraction);
+  r.cpu_seconds = lines[1].at(r.cpu_fraction);
+  r.memory_seconds = lines[2].at(r.cpu_fraction);
+  for (const Line& l : lines) {
+    // Crossing points are computed, so "at the maximum" allows for the last bits of rounding.
+    if (l.at(r.cpu_fraction) >= r.seconds * (1 - 1e-9) && r.seconds > 0) {
+      r.limit += (r.limit.empty() ? "" : " = ") + std::string(l.name);
+    }
+  }
+  return r;
 }
 
 Mode default_mode(const Region& r, TierKind t) {

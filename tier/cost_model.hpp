@@ -22,7 +22,8 @@
  * exposed time is E = max over f of (S(f) - f*W), at least 0 (for one window this is the
  * familiar serial + max(0, overlappable - W)). The resources run concurrently:
  *   exposed = recompute seconds + max(E_link, E_host),   step = compute + exposed.
- * On Grace the link and host memory share LPDDR5X bandwidth; the model does not charge that.
+ * On Grace the link and host memory share LPDDR5X bandwidth; the step model does not charge
+ * that (predict_update_split does, for the optimizer update).
  */
 #include <cstdint>
 #include <string>
@@ -34,6 +35,18 @@
 #include "tier/plan.hpp"
 
 namespace ght::tier {
+
+// Bytes per parameter that an AdamW update moves: the one place for each figure.
+inline constexpr std::uint64_t kMasterBytesPerParam = 4;  ///< fp32 master (m and v alike)
+inline constexpr double kAdamStateBytes = 3 * kMasterBytesPerParam;  ///< master, m, v: read once, written once
+inline constexpr double kUpdateWeightBytes = 2;  ///< the bf16 weight each update writes
+inline constexpr double kHostGradBytes = 4;    ///< fp32 gradient: host accumulator, or HBM's
+/// Bytes one AdamW update touches per parameter in the memory it runs on (host memory for CPU
+/// AdamW, HBM for the device path): it reads the gradient (`grad_bytes`: 2 for bf16, 4 for fp32)
+/// and master, m, v, and writes master, m, v and the bf16 weight.
+[[nodiscard]] constexpr double adamw_bytes_per_param(double grad_bytes) {
+  return grad_bytes + 2 * kAdamStateBytes + kUpdateWeightBytes;
+}
 
 /// Predicted link traffic of the gpu_link AdamW step for `params` parameters whose fp32 master,
 /// m and v live on the host. Per parameter the kernel reads master, m, v (12 B, host -> device)
@@ -54,6 +67,58 @@ struct OptimizerLinkPrediction {
 [[nodiscard]] double predict_optimizer_link_seconds(std::uint64_t params,
                                                     double grad_bytes_per_param,
                                                     const LinkNumbers& link);
+
+/**
+ * @brief Splitting one update of host-resident state between the link and the host cores
+ * (SuperOffload-style): a fraction f of the parameters is updated by CPU AdamW on the host cores,
+ * the rest by the GPU kernel over the link (gpu_link), both at once.
+ *
+ * Per path, for N parameters (each path's own traffic, from the constants above):
+ *  - gpu_link: link bytes of predict_optimizer_link (state 12 B each way, plus the fp32 host
+ *    gradient 4 B host -> device where the gradient was streamed to the host); the same bytes
+ *    are host-memory traffic, since the GPU reads and writes host DRAM.
+ *  - cpu: CPU AdamW at cpu_params_per_s; over the link (memcpy) the fp32 gradient 4 B
+ *    device -> host where it is in HBM, and the bf16 weight 2 B host -> device; host-memory
+ *    traffic adamw_bytes_per_param(4) plus those link bytes (the copies land in and leave from
+ *    pinned host staging).
+ * Each of the three resources then takes a time linear in f:
+ *    T_link(f) = (1 - f)·L_g + f·L_c         L_g, L_c: link seconds of all N on each path
+ *    T_cpu(f)  = f·N / R                     R: CPU AdamW params/s
+ *    T_mem(f)  = ((1 - f)·D_g + f·D_c) / B   D: host-memory bytes of all N on each path,
+ *                                            B: host DRAM bytes/s shared by the two (x86: the
+ *                                            link's DMA reads/writes the same DRAM; GH200: C2C
+ *                                            and Grace share LPDDR5X)
+ * and the update takes T(f) = max(T_link, T_cpu, T_mem). T is convex and piecewise linear, so
+ * its minimum on [0, 1] is at an end or where two of the lines cross:
+ *    f_ij = (X_j - X_i) / ((X_j - X_i) - (Y_j - Y_i))   with T_i(f) = (1 - f)·X_i + f·Y_i.
+ * Without the memory bound that is the familiar closed form f* = L_g / (L_g - L_c + N/R) (link
+ * time equals CPU time); the memory line can only move f* towards the path that moves fewer
+ * host bytes. f* is clamped to [0, 1].
+ *
+ * Simplifications: both paths' link seconds add (each path's link_time, then summed: an upper
+ * bound, since link_time of the summed traffic is never more); each gradient class is split
+ * with the same f (moving streamed-gradient parameters to the CPU first would do slightly better,
+ * as they save 4 more link bytes each); the optimizer does not run a split yet (GHT_OPTIMIZER
+ * picks one path per region), so this is a prediction only.
+ */
+struct UpdateSplitInput {
+  std::uint64_t params_grad_hbm = 0;   ///< host-state parameters whose fp32 gradient is in HBM
+  std::uint64_t params_grad_host = 0;  ///< ... whose gradient is in the fp32 host accumulator
+  /// CPU AdamW rate; 0: host_bps / adamw_bytes_per_param(4) (its memory bound); no rate at all
+  /// makes the cpu path impossible
+  double cpu_params_per_s = 0;
+  double host_bps = 0;  ///< shared host-memory limit; 0: link.host_triad_bps; neither: not charged
+};
+struct UpdateSplit {
+  double cpu_fraction = 0;      ///< best f: share of the parameters updated by CPU AdamW
+  double seconds = 0;           ///< T(f*)
+  double link_seconds = 0, cpu_seconds = 0, memory_seconds = 0;  ///< each resource at f*
+  double all_link_seconds = 0;  ///< T(0): every parameter over the link
+  double all_cpu_seconds = 0;   ///< T(1): every parameter on the host cores
+  std::string limit;            ///< resources at the maximum at f*, e.g. "link = cpu"
+};
+/// @throws ght::logic_error on a negative rate
+[[nodiscard]] UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& link);
 
 /// Link time of a set of transfers (see the file comment); inputs are the seconds each
 /// direction takes alone and the bytes each way.

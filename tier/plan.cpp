@@ -64,6 +64,29 @@ bool is_state(TensorClass c) {
   return c == TensorClass::master || c == TensorClass::adam_m || c == TensorClass::adam_v;
 }
 
+// Parameters whose fp32 master lives on the host, by where their gradient is: the gradient
+// region of the same group, layer and expert (the trainer's regions come in such sets); a master
+// without one counts as having its gradient in HBM.
+UpdateSplitInput host_state_params(const std::vector<Region>& regions,
+                                   const std::vector<Decision>& decisions) {
+  UpdateSplitInput in;
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    const Region& m = regions[i];
+    if (m.cls != TensorClass::master || decisions[i].tier != TierKind::host) continue;
+    const std::uint64_t params = m.host_bytes.value_or(m.bytes) / kMasterBytesPerParam;
+    bool grad_on_host = false;
+    for (std::size_t j = 0; j < regions.size(); ++j) {
+      const Region& g = regions[j];
+      if (g.cls == TensorClass::grad && g.group_name() == m.group_name() && g.layer == m.layer &&
+          g.expert == m.expert) {
+        grad_on_host = decisions[j].tier == TierKind::host;
+      }
+    }
+    (grad_on_host ? in.params_grad_host : in.params_grad_hbm) += params;
+  }
+  return in;
+}
+
 // Placements that switch on a fixed cost, counted over a whole placement: any streamed gradient
 // needs the pinned stream staging (host), any master/m/v on the host the optimizer's dma slots
 // (HBM), any recomputed layer the shared recompute scratch (HBM). Without a GPU none applies.
@@ -810,8 +833,21 @@ std::string Plan::format_table(bool explain) const {
      << "  link D2H      " << gb(p.d2h_bytes) << "  " << secs(p.d2h_seconds) << "\n"
      << "  link both     " << secs(p.link_seconds) << " sharing the link (optimizer alone "
      << secs(p.optimizer_link_seconds) << ")\n"
-     << "  host memory   " << gb(p.host_traffic_bytes) << "  " << secs(p.host_seconds) << "\n"
-     << "  recompute     " << secs(p.recompute_seconds) << "\n"
+     << "  host memory   " << gb(p.host_traffic_bytes) << "  " << secs(p.host_seconds) << "\n";
+  const UpdateSplitInput state = host_state_params(regions_, decisions_);
+  if (o.link.kind != LinkKind::none && state.params_grad_hbm + state.params_grad_host > 0) {
+    // A prediction only: the optimizer runs one path per region (cost_model.hpp).
+    const UpdateSplit u = predict_update_split(state, o.link);
+    const double n = static_cast<double>(state.params_grad_hbm + state.params_grad_host);
+    os << "  update split  " << num(n / 1e9, 2) << "B host-state params: all over the link "
+       << secs(u.all_link_seconds) << ", all on the host cores " << secs(u.all_cpu_seconds)
+       << ", best " << num(100 * u.cpu_fraction, 1) << "% on the host cores " << secs(u.seconds)
+       << " (limit " << u.limit << ")\n"
+       << "                (prediction; CPU AdamW at host triad / "
+       << num(adamw_bytes_per_param(kHostGradBytes), 0)
+       << " B, host memory shared with the link, not in the step above)\n";
+  }
+  os << "  recompute     " << secs(p.recompute_seconds) << "\n"
      << "  window        " << secs(p.window_seconds) << " of compute to hide transfers behind\n"
      << "  exposed       " << secs(p.exposed_seconds) << "   predicted step " << secs(p.step_seconds)
      << "\n";

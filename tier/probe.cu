@@ -6,7 +6,7 @@
 //   kernel_read     a kernel reading copy_bytes of mapped pinned host memory with 16-byte loads
 //   kernel_write    a kernel writing copy_bytes of mapped pinned host memory with 16-byte stores
 //   hbm             a kernel reading 2*copy_bytes of HBM, kHbmPasses times per repetition
-//   host_triad      a = b + s*c on the host NUMA node (tier/detail/host_triad.cpp), 3 streams
+//   host_triad      a = b + s*c on the host NUMA node (tier/host_triad.hpp), 3 streams, best pass
 // Each figure is the median over the repetitions after one warm-up. Compiled only with CUDA.
 #include <cuda_runtime.h>
 
@@ -23,6 +23,7 @@
 #include "tier/cuda_check.hpp"
 #include "tier/detail/link_detail.hpp"
 #include "tier/error.hpp"
+#include "tier/host_triad.hpp"
 #include "tier/topology.hpp"
 
 namespace ght::tier::detail {
@@ -304,8 +305,13 @@ ProbeReport run_probe(double budget_seconds) {
   r.triad_threads = host_threads(topo);
   // Its allocation and first touch take about as long as the timed loop; give the loop half.
   const double triad_seconds = std::max(0.05, 0.5 * budget.take(2));
-  r.numbers.host_triad_bps =
-      host_triad_bps(topo.host_numa_node, r.triad_threads, r.triad_bytes, triad_seconds, kMinReps);
+  HostTriadOptions triad;
+  triad.node = topo.host_numa_node;
+  triad.threads = r.triad_threads;
+  triad.array_bytes = r.triad_bytes;
+  triad.min_reps = kMinReps;
+  triad.seconds = triad_seconds;
+  r.numbers.host_triad_bps = measure_host_triad(triad).best_bps;
   r.seconds = budget.elapsed();
   return r;
 }

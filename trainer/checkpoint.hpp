@@ -8,7 +8,8 @@
  *   optimizer.master.safetensors       AdamW fp32 master weights  } each may hold no tensor,
  *   optimizer.m.safetensors            first moments              } e.g. when master weights
  *   optimizer.v.safetensors            second moments             } are the model weights
- *   optimizer.json                     optimizer scalars (e.g. {"step": N})
+ *   optimizer.json                     optimizer scalars (e.g. {"step": N, "state_dtype": "bf16"};
+ *                                      bf16 m and v are stored widened to F32, exactly)
  *   data.json                          the data loader position
  *   rng.json                           RNG state
  *   config.json                        the resolved run configuration

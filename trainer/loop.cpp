@@ -107,10 +107,12 @@ std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const
 }
 
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
-// as on every backend), m and v, read in place where they live on the host. With DiLoCo every
-// rank calls it (a collective): rank 0 writes θ_global as the weights, the momentum and the
-// shared files, every rank its own shard into the same staging directory, and rank 0 commits the
-// whole once every shard is written. Returns the directory on rank 0, "" on the others.
+// as on every backend), m and v, read in place where they live on the host as fp32. bf16 m and v
+// (GHT_OPT_STATE=bf16) are widened into F32 tensors (exact, so a bf16 run resumes byte for byte;
+// one file format for both types); optimizer.json records the type. With DiLoCo every rank calls
+// it (a collective): rank 0 writes θ_global as the weights, the momentum and the shared files,
+// every rank its own shard into the same staging directory, and rank 0 commits the whole once
+// every shard is written. Returns the directory on rank 0, "" on the others.
 std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step, Diloco* dl) {
   be.synchronize();
   optimizer::AdamW& opt = be.optimizer();
@@ -125,7 +127,8 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     for (int i = 0; i < 3; ++i) {
       const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
       const float* arr = nullptr;
-      if (sb.host != nullptr) {
+      const bool fp32 = i == 0 || opt.state_type() == optimizer::StateType::fp32;
+      if (sb.host != nullptr && fp32) {
         arr = static_cast<const float*>(sb.host);
       } else {
         auto& o = owned.emplace_back(t.numel);
@@ -145,6 +148,7 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     v.adam_m = state[1];
     v.adam_v = state[2];
     v.optimizer = {{"step", opt.step_count()},
+                   {"state_dtype", optimizer::to_string(opt.state_type())},
                    {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
                    {"world_size", s.comm->size()}};
     const std::string dir = save(s.cfg.out, step, v);
@@ -158,7 +162,7 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
                                  {"rank", std::to_string(s.comm->rank())},
                                  {"optimizer_step", std::to_string(opt.step_count())}};
   v.weights = flat_views(be, *dl, dl->outer.global());
-  v.optimizer = {{"world_size", s.comm->size()}, {"diloco", true}};
+  v.optimizer = {{"state_dtype", optimizer::to_string(opt.state_type())}, {"world_size", s.comm->size()}, {"diloco", true}};
   auto write_shards = [&](const std::string& staging) {
     s.comm->barrier();  // rank 0 has made the staging directory
     std::vector<CheckpointFile> files;
@@ -232,6 +236,16 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
   const nlohmann::json this_model = {{"model", s.cfg.to_json()["model"]}};
   GHT_EXPECTS(saved_model == this_model, "checkpoint " + where + " was written for a different model config: " +
                                              describe_difference(saved_model, this_model));
+  optimizer::AdamW& opt = be.optimizer();
+  // Checkpoints of older builds carry no state type: theirs was fp32. Across types load_state
+  // converts: fp32 -> bf16 rounds m and v to nearest, bf16 -> fp32 widens them exactly.
+  const std::string saved_state = c.optimizer.value("state_dtype", "fp32");
+  const optimizer::StateType state = optimizer::parse_state_type(saved_state);
+  if (state != opt.state_type()) {
+    s.say("note: checkpoint " + where + " holds " + saved_state + " AdamW m and v, this run keeps " +
+          optimizer::to_string(opt.state_type()) + " (GHT_OPT_STATE): converted on load" +
+          (opt.state_type() == optimizer::StateType::bf16 ? ", rounded to nearest" : ", exactly"));
+  }
   // Checkpoints of older builds carry no world size: they were written by one process.
   const int saved_world = c.optimizer.value("world_size", 1);
   // DiLoCo's inner states are per rank: they neither reshard nor merge into one.
@@ -249,7 +263,6 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
     restore_diloco(be, s, ck, *dl);
   } else {
     const auto& ts = be.tensors();
-    optimizer::AdamW& opt = be.optimizer();
     GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
                                                   " optimizer tensors; the model has " + std::to_string(ts.size()));
     for (std::size_t r = 0; r < ts.size(); ++r) {

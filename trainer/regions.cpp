@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "optimizer/adamw.hpp"
 #include "tier/config.hpp"
@@ -35,7 +36,7 @@ Access make_access(const char* what, double times, double window, GpuPath path) 
   return a;
 }
 
-void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
+void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, std::vector<Region>& out) {
   const double P = static_cast<double>(g.params);
   const auto p = static_cast<std::uint64_t>(g.params);
   const double ga = c.grad_accum;
@@ -112,14 +113,16 @@ void add_group(const ModelConfig& c, const Group& g, std::vector<Region>& out) {
   gr.host_access = std::move(host);
   out.push_back(std::move(gr));
 
-  const std::pair<const char*, ght::TensorClass> states[] = {{"master", ght::TensorClass::master},
-                                                             {"adam_m", ght::TensorClass::adam_m},
-                                                             {"adam_v", ght::TensorClass::adam_v}};
-  for (const auto& [suffix, cls] : states) {
-    Region s = base(suffix, cls, 4 * p);
+  const std::uint64_t moment = optimizer::state_type_size(st);
+  const std::tuple<const char*, ght::TensorClass, std::uint64_t> states[] = {
+      {"master", ght::TensorClass::master, sizeof(float)},
+      {"adam_m", ght::TensorClass::adam_m, moment},
+      {"adam_v", ght::TensorClass::adam_v, moment}};
+  for (const auto& [suffix, cls, elem] : states) {
+    Region s = base(suffix, cls, elem * p);
     Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-    a.gpu_read_bytes = 4 * P;
-    a.gpu_write_bytes = 4 * P;
+    a.gpu_read_bytes = static_cast<double>(elem) * P;
+    a.gpu_write_bytes = static_cast<double>(elem) * P;
     s.access = {a};
     out.push_back(std::move(s));
   }
@@ -206,7 +209,7 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) 
                                             static_cast<std::size_t>(c.heads) * c.head_dim,  // q_proj, o_proj
                                             static_cast<std::size_t>(c.expert_ffn),        // expert projections
                                             static_cast<std::size_t>(c.experts)});         // router
-  options.host_state_hbm_bytes = optimizer::dma_slot_bytes(largest);
+  options.host_state_hbm_bytes = optimizer::dma_slot_bytes(largest, optimizer::state_type_from_config());
 }
 
 std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {
@@ -216,6 +219,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
                   std::to_string(c.layers));
   const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
   const double uniform = static_cast<double>(c.top_k) / c.experts;
+  const optimizer::StateType st = optimizer::state_type_from_config();
   std::vector<Region> out;
   out.reserve(static_cast<std::size_t>(c.layers) * (6 + 5 * c.experts) + 16);
 
@@ -228,9 +232,9 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     // The untied input embedding is a gather: only the micro-batch's rows are read.
     embed.weight_reads = 2.0 * std::min(2.0 * static_cast<double>(table), 2.0 * tokens * c.d_model);
   }
-  add_group(c, embed, out);
+  add_group(c, embed, st, out);
   if (!c.tied_embeddings) {
-    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, out);
+    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, st, out);
   }
   const ActivationSizes act = activation_sizes(c);
   for (int l = 0; l < c.layers; ++l) {
@@ -238,7 +242,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     const std::int64_t dense = c.layer_dense_params();
     const double below = static_cast<double>(l) / c.layers;  // backward left after layer l
     add_group(c, {layer + ".attn", "attention", dense, l, -1, 0, 4.0 * static_cast<double>(dense), below},
-              out);
+              st, out);
     if (!routing.empty()) {
       GHT_EXPECTS(routing[l].size() == static_cast<std::size_t>(c.experts),
                   "model_regions: routing of layer " + std::to_string(l) + " has " +
@@ -251,7 +255,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
       add_group(c,
                 {layer + ".expert" + std::to_string(e), "experts", c.expert_params(), l, e, f,
                  4.0 * static_cast<double>(c.expert_params()), below + 0.5 / c.layers},
-                out);
+                st, out);
     }
     Region a;
     a.name = layer + ".activation";
@@ -264,7 +268,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     a.layer = l;
     out.push_back(std::move(a));
   }
-  add_group(c, {"final_norm", "norms", c.d_model, -1, -1, 0, 4.0 * c.d_model, 1.0}, out);
+  add_group(c, {"final_norm", "norms", c.d_model, -1, -1, 0, 4.0 * c.d_model, 1.0}, st, out);
   Region ws;
   ws.name = "workspace";
   ws.cls = ght::TensorClass::other;

@@ -17,7 +17,8 @@
  *                   the first micro-batch only writes); the optimizer reads it (4 B) over the link.
  *                   The last micro-batch's copy and add can only hide behind the backward left
  *                   after the gradient is complete (none for the embedding: critical path).
- *   <group>.master, .adam_m, .adam_v   fp32, 4 B/param each. On the host, the gpu_link AdamW
+ *   <group>.master, .adam_m, .adam_v   fp32, 4 B/param each (m and v: 2 B/param with
+ *                   GHT_OPT_STATE=bf16, optimizer::state_type_size). On the host, the gpu_link AdamW
  *                   reads and writes each in place once per step through kernel access. It can
  *                   hide behind the last micro-batch's backward and the next forward: a window of
  *                   1/grad_accum of the step.
@@ -51,8 +52,8 @@ struct ActivationSizes {
 };
 [[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg);
 
-/// The model's regions (see the file comment). @throws ght::logic_error for an invalid config
-/// or a routing table of the wrong shape.
+/// The model's regions (see the file comment; m and v sized by GHT_OPT_STATE). @throws
+/// ght::logic_error for an invalid config or a routing table of the wrong shape.
 [[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg,
                                                       const Routing& routing = {});
 

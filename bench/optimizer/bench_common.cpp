@@ -3,12 +3,15 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <stdexcept>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "optimizer/cpu_threads.hpp"
+#include "tier/topology.hpp"
 
 namespace ght::bench {
 
@@ -58,30 +61,71 @@ bool parse_args(int argc, char** argv, Args& args, int& rc) {
   return true;
 }
 
-Stats host_triad(int threads, std::size_t elems, int runs, double* bps) {
-  HostArray<float> a(elems), b(elems), c(elems);
-  float* pa = a.data();
-  float* pb = b.data();
-  float* pc = c.data();
-  // First touch by the pinned team with the timed loop's split: pages sit where they are used.
-  optimizer::parallel_pinned(threads, [&](int tid, int nt) {
-    const optimizer::Range r = optimizer::thread_range(elems, tid, nt);
+tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs,
+                                   std::function<void(int)> after_pass) {
+  tier::HostTriadOptions o;
+  o.after_pass = std::move(after_pass);
+  o.node = tier::topology().host_numa_node;
+  o.array_bytes = array_bytes;
+  o.min_reps = runs;
+  o.parallel = [threads](const tier::TeamBody& body) {
+    optimizer::parallel_pinned(threads, [&](int tid, int nt) { body(tid, nt); });
+  };
+  return tier::measure_host_triad(o);
+}
+
+AccumulateCase::AccumulateCase(std::size_t n, optimizer::GradType type, int threads)
+    : n_(n), type_(type), threads_(threads), dst_(n), src_(n * optimizer::grad_type_size(type)) {
+  (void)optimizer::place_accumulator(dst_.data(), n, threads);
+  unsigned char* src = src_.data();
+  optimizer::parallel_pinned(optimizer::accumulate_team_size(n, threads), [&](int tid, int nt) {
+    const optimizer::Range r = optimizer::thread_range(n, tid, nt);
     for (std::size_t i = r.begin; i < r.end; ++i) {
-      pa[i] = 0.0f;
-      pb[i] = 1.0f + static_cast<float>(i % 1021) * 1e-3f;
-      pc[i] = 2.0f - static_cast<float>(i % 509) * 1e-3f;
+      if (type_ == optimizer::GradType::bf16) {
+        reinterpret_cast<std::uint16_t*>(src)[i] = optimizer::float_to_bf16_bits(source_value(i));
+      } else {
+        reinterpret_cast<float*>(src)[i] = source_value(i);
+      }
     }
   });
-  const float s = 3.0f;
-  const Stats st = time_runs(runs, [&] {
-    optimizer::parallel_pinned(threads, [&](int tid, int nt) {
-      const optimizer::Range r = optimizer::thread_range(elems, tid, nt);
-#pragma omp simd
-      for (std::size_t i = r.begin; i < r.end; ++i) pa[i] = pb[i] + s * pc[i];
-    });
-  });
-  *bps = 3.0 * sizeof(float) * static_cast<double>(elems) / st.median;
-  return st;
+}
+
+void AccumulateCase::run() const {
+  optimizer::accumulate(dst_.data(), src_.data(), type_, n_, optimizer::AccumulateMode::add,
+                        threads_);
+}
+
+float AccumulateCase::source_value(std::size_t i) const {
+  const float x = 1e-3f * static_cast<float>(i % 113);
+  return type_ == optimizer::GradType::bf16
+             ? optimizer::bf16_bits_to_float(optimizer::float_to_bf16_bits(x))
+             : x;
+}
+
+void AccumulateCase::check(int passes) const {
+  const std::size_t step = std::max<std::size_t>(1, n_ / 997);
+  for (std::size_t i = 0; i < n_; i += step) {
+    float want = 0.0f;
+    for (int k = 0; k < passes; ++k) want = want + source_value(i);
+    if (std::memcmp(&want, dst_.data() + i, sizeof want) != 0) {
+      throw std::runtime_error("accumulate: wrong sum at element " + std::to_string(i));
+    }
+  }
+}
+
+double AccumulateCase::bytes_per_elem() const {
+  return 8.0 + static_cast<double>(optimizer::grad_type_size(type_));
+}
+
+std::size_t AccumulateCase::huge_page_bytes() const {
+  return tier::huge_page_bytes(dst_.data(), n_ * sizeof(float)) +
+         tier::huge_page_bytes(src_.data(), n_ * optimizer::grad_type_size(type_));
+}
+
+Stats triad_pass_seconds(const tier::HostTriadResult& r) {
+  std::vector<double> s;
+  for (double bps : r.pass_bps) s.push_back(3.0 * static_cast<double>(r.array_bytes) / bps);
+  return summarize(std::move(s));
 }
 
 namespace {

@@ -5,11 +5,15 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <new>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "optimizer/accumulate.hpp"
+#include "tier/host_triad.hpp"
 
 namespace ght::bench {
 
@@ -34,14 +38,17 @@ Stats time_runs(int runs, F&& f) {
   return summarize(std::move(s));
 }
 
-/// Uninitialised page-aligned host array: the pinned team's first touch decides page placement.
+/// Uninitialised host array, 2 MiB aligned with transparent huge pages asked for: the pinned
+/// team's first touch decides page placement (as for the triad's arrays).
 template <typename T>
 class HostArray {
  public:
   explicit HostArray(std::size_t n) : n_(n) {
-    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(T) + 4095) / 4096 * 4096;
-    p_ = static_cast<T*>(std::aligned_alloc(4096, bytes));
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes = (std::max<std::size_t>(n, 1) * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    p_ = static_cast<T*>(std::aligned_alloc(kHuge, bytes));
     if (p_ == nullptr) throw std::bad_alloc();
+    (void)tier::advise_huge_pages(p_, bytes);
   }
   ~HostArray() { std::free(p_); }
   HostArray(const HostArray&) = delete;
@@ -52,6 +59,29 @@ class HostArray {
  private:
   std::size_t n_;
   T* p_ = nullptr;
+};
+
+/// One accumulator pass as the trainer's host path runs it: dst (fp32, placed by
+/// place_accumulator) += src (bf16 or fp32, first touched with accumulate()'s split), on the
+/// pinned team of `threads`. Bytes per element: read dst 4 + read src 2|4 + write dst 4.
+class AccumulateCase {
+ public:
+  AccumulateCase(std::size_t n, optimizer::GradType type, int threads);
+  void run() const;
+  [[nodiscard]] double bytes_per_elem() const;
+  [[nodiscard]] std::size_t huge_page_bytes() const;  ///< of dst and src together
+  /// Check dst[i] against a scalar sum of `passes` additions of src[i] onto zero, bit for bit
+  /// at a spread of elements, so a kernel that computed nothing cannot report a speed.
+  /// @throws std::runtime_error naming the first wrong element
+  void check(int passes) const;
+
+ private:
+  [[nodiscard]] float source_value(std::size_t i) const;  ///< src[i] as accumulate widens it
+  std::size_t n_;
+  optimizer::GradType type_;
+  int threads_;
+  HostArray<float> dst_;
+  HostArray<unsigned char> src_;
 };
 
 /// A throughput result: `params` parameters per call, against a roofline in Gparam/s.
@@ -91,8 +121,13 @@ struct Report {
 
 /// Parse the command line; returns false (with rc set) when the program should exit now.
 bool parse_args(int argc, char** argv, Args& args, int& rc);
-/// Host memory triad a[i] = b[i] + s·c[i] on the pinned team, bytes/s counting 3 streams.
-Stats host_triad(int threads, std::size_t elems, int runs, double* bps);
+/// The host triad (tier/host_triad.hpp) on the pinned team the host kernels use
+/// (optimizer::parallel_pinned with `threads`), `runs` timed passes after a warm-up;
+/// `after_pass` runs after each timed pass, untimed (HostTriadOptions::after_pass).
+tier::HostTriadResult pinned_triad(int threads, std::size_t array_bytes, int runs,
+                                   std::function<void(int)> after_pass = {});
+/// Seconds of each pass of a triad result, summarised (for spreads next to other kernels).
+Stats triad_pass_seconds(const tier::HostTriadResult& r);
 /// CPU rows: triad, adamw_cpu, accumulate (bf16 and fp32 sources).
 void run_cpu(const Args& args, Report& report);
 /// Attach torch ratios, print notes and the markdown table (last), write JSON.

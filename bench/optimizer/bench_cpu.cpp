@@ -2,17 +2,19 @@
 // pinned OpenMP team.
 //
 // Bytes per parameter the rooflines charge:
-//   adamw_cpu       read grad 2 (bf16) + read master, m, v 12 + write master, m, v 12 + write w 2 = 28
+//   adamw_cpu       read grad 2 (bf16) + read master, m, v 12 + write master, m, v 12 + write w 2
+//                   = 28 (tier::adamw_bytes_per_param(2))
 //   accumulate bf16 read dst 4 + read src 2 + write dst 4 = 10
 //   accumulate fp32 read dst 4 + read src 4 + write dst 4 = 12
-// Triad counts its 3 streams (12 B per element) like STREAM; its store stream also costs a
-// read-for-ownership that is not counted, which the read-modify-write kernels here do not pay.
+// Triad (tier/host_triad.hpp) counts its 3 streams like STREAM and uses non-temporal stores on
+// x86-64, so it pays no read-for-ownership either: the rooflines are the best triad pass.
 #include <iostream>
 
 #include "bench_common.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "tier/cost_model.hpp"
 
 namespace ght::bench {
 
@@ -20,20 +22,26 @@ namespace {
 using optimizer::bf16;
 using optimizer::GradType;
 
-constexpr std::size_t kTriadElems = 1ull << 28;  // 3 × 1 GiB: far beyond any last-level cache
+constexpr std::size_t kTriadBytes = 1ull << 30;  // 3 × 1 GiB: far beyond any last-level cache
 
 }  // namespace
 
 void run_cpu(const Args& args, Report& report) {
   const int threads = optimizer::resolve_cpu_threads(args.threads);
-  double triad_bps = 0;
-  const Stats triad = host_triad(threads, kTriadElems, args.runs, &triad_bps);
-  std::cout << "host triad (" << threads << " pinned threads): " << fmt(triad_bps / 1e9, 1)
-            << " GB/s, spread " << fmt(100 * triad.spread, 1) << "%\n";
+  const tier::HostTriadResult tr = pinned_triad(threads, kTriadBytes, args.runs);
+  const Stats triad = triad_pass_seconds(tr);
+  const double triad_bps = tr.best_bps;
+  std::cout << "host triad (" << tr.threads << " pinned threads): best " << fmt(triad_bps / 1e9, 1)
+            << " GB/s, median " << fmt(tr.median_bps / 1e9, 1) << " GB/s, spread "
+            << fmt(100 * triad.spread, 1) << "%, huge pages " << fmt(100 * tr.huge_page_fraction, 0)
+            << "%" << (tr.nontemporal ? "" : ", plain stores") << "\n";
   report.extra["host_triad"] = {{"bytes_per_s", triad_bps},
-                                {"threads", threads},
-                                {"elems", kTriadElems},
+                                {"median_bytes_per_s", tr.median_bps},
+                                {"threads", tr.threads},
+                                {"array_bytes", tr.array_bytes},
                                 {"spread", triad.spread},
+                                {"nontemporal", tr.nontemporal},
+                                {"huge_page_fraction", tr.huge_page_fraction},
                                 {"cpus", optimizer::pinned_cpu_list()}};
   const std::string tb = "triad " + fmt(triad_bps / 1e9, 1) + " GB/s";
 
@@ -58,37 +66,22 @@ void run_cpu(const Args& args, Report& report) {
       r.path = "cpu adamw_cpu (bf16 grad)";
       r.torch_key = "torch_foreach_cpu";
       r.params = n;
-      r.bytes_per_param = 28;
+      r.bytes_per_param = tier::adamw_bytes_per_param(2);
       r.seconds = time_runs(args.runs, [&] { optimizer::adamw_cpu(span, k, threads); });
-      r.roof_gparams = triad_bps / 28 / 1e9;
-      r.roof_basis = tb + " / 28 B";
+      r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
+      r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
       report.rows.push_back(r);
       std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
                 << fmt(100 * r.fraction(), 1) << "% of triad)\n";
     }
     for (const GradType t : {GradType::bf16, GradType::fp32}) {
-      const std::size_t es = optimizer::grad_type_size(t);
-      HostArray<float> dst(n);
-      HostArray<unsigned char> src(n * es);
-      optimizer::parallel_pinned(threads, [&](int tid, int nt) {
-        const optimizer::Range r = optimizer::thread_range(n, tid, nt);
-        for (std::size_t i = r.begin; i < r.end; ++i) {
-          dst.data()[i] = 0.0f;
-          const float x = 1e-3f * static_cast<float>(i % 113);
-          if (t == GradType::bf16) {
-            reinterpret_cast<std::uint16_t*>(src.data())[i] = optimizer::float_to_bf16_bits(x);
-          } else {
-            reinterpret_cast<float*>(src.data())[i] = x;
-          }
-        }
-      });
+      const AccumulateCase acc(n, t, threads);
       Row r;
       r.path = std::string("accumulate (") + (t == GradType::bf16 ? "bf16" : "fp32") + " src)";
       r.params = n;
-      r.bytes_per_param = 8.0 + static_cast<double>(es);
-      r.seconds = time_runs(args.runs, [&] {
-        optimizer::accumulate(dst.data(), src.data(), t, n, optimizer::AccumulateMode::add, threads);
-      });
+      r.bytes_per_param = acc.bytes_per_elem();
+      r.seconds = time_runs(args.runs, [&] { acc.run(); });
+      acc.check(args.runs + 1);  // the warm-up pass added too
       r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
       r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
       report.rows.push_back(r);

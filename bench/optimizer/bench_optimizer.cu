@@ -239,7 +239,9 @@ void run_gpu(const Args& args, Report& report) {
                            : 0.0;
   nlohmann::json predictions = nlohmann::json::array();
   const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / 24 B";
-  const std::string hbm_basis = "HBM copy " + fmt(L.hbm_bps / 1e9, 0) + " GB/s / 28 B";
+  const double adamw_bytes = tier::adamw_bytes_per_param(2);  // bf16 gradient: 28 B
+  const std::string hbm_basis =
+      "HBM copy " + fmt(L.hbm_bps / 1e9, 0) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
 
   for (const std::uint64_t n : args.sizes) {
     // ---- gpu_link: state in pinned host memory, both link modes -----------------------------
@@ -293,8 +295,8 @@ void run_gpu(const Args& args, Report& report) {
       st.path = "device step (norm + update)";
       for (Row* r : {&up, &st}) {
         r->params = n;
-        r->bytes_per_param = 28;
-        r->roof_gparams = L.hbm_bps / 28 / 1e9;
+        r->bytes_per_param = adamw_bytes;
+        r->roof_gparams = L.hbm_bps / adamw_bytes / 1e9;
         r->roof_basis = hbm_basis;
         r->torch_key = "torch_fused_cuda";
       }
@@ -311,9 +313,9 @@ void run_gpu(const Args& args, Report& report) {
       st.path = "cpu step (norm + staged update)";
       for (Row* r : {&up, &st}) {
         r->params = n;
-        r->bytes_per_param = 28;
-        r->roof_gparams = triad / 28 / 1e9;
-        r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / 28 B";
+        r->bytes_per_param = adamw_bytes;
+        r->roof_gparams = triad / adamw_bytes / 1e9;
+        r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
         r->torch_key = "torch_foreach_cpu";
       }
       time_update_and_step(args, s, up, st);

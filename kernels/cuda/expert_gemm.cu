@@ -436,11 +436,21 @@ namespace cg = cutlass_grouped;
 
 bool rows_aligned(std::int64_t ld, std::size_t elem) { return (ld * static_cast<std::int64_t>(elem)) % 16 == 0; }
 
-cg::Problem cutlass_problem(const GroupOffsets& o) {
+// The fields var-M and var-K share: groups, operands, scalars, the device.
+template <class Args>
+cg::Problem cutlass_problem(const Args& g, const GroupOffsets& o) {
   GHT_EXPECTS(o.device != nullptr, "grouped_gemm(cutlass): needs device offsets");
   cg::Problem p;
   p.groups = o.groups;
   p.offsets = o.device;
+  p.a = g.a;
+  p.lda = g.lda;
+  p.b = g.b;
+  p.ldb = g.ldb;
+  p.c = g.c;
+  p.ldc = g.ldc;
+  p.alpha = g.alpha;
+  p.beta = g.beta;
   GHT_CUDA_TRY(cudaGetDevice(&p.device));
   thread_local int sm_device = -1, sm_count = 0;
   if (sm_device != p.device) {
@@ -470,18 +480,10 @@ bool covered(const GroupedGemmVarK& g) {
 bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t stream) {
   if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
   if (!covered(g)) return false;
-  cg::Problem p = cutlass_problem(o);
+  cg::Problem p = cutlass_problem(g, o);
   p.n = g.n;
   p.k = g.k;
-  p.a = g.a;
-  p.lda = g.lda;
-  p.b = g.b;
-  p.ldb = g.ldb;
   p.stride_b = g.stride_b;
-  p.c = g.c;
-  p.ldc = g.ldc;
-  p.alpha = g.alpha;
-  p.beta = g.beta;
 #if defined(GHT_HAVE_CUTLASS)
   if (g.trans_b) {
     cg::var_m_bt_bf16(p, stream);
@@ -498,19 +500,11 @@ bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t s
 bool run_cutlass(const GroupedGemmVarK& g, const GroupOffsets& o, cudaStream_t stream) {
   if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
   if (!covered(g)) return false;
-  cg::Problem p = cutlass_problem(o);
+  cg::Problem p = cutlass_problem(g, o);
   p.var_k = true;
   p.m = g.m;
   p.n = g.n;
-  p.a = g.a;
-  p.lda = g.lda;
-  p.b = g.b;
-  p.ldb = g.ldb;
-  p.c = g.c;
-  p.ldc = g.ldc;
   p.stride_c = g.stride_c;
-  p.alpha = g.alpha;
-  p.beta = g.beta;
 #if defined(GHT_HAVE_CUTLASS)
   if (g.c_type == DType::f32) {
     cg::var_k_f32(p, stream);

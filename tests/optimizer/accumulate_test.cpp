@@ -95,6 +95,39 @@ TEST_P(AccumulateTest, PipelineWithOddSizesIsBitExact) {
   EXPECT_GT(acc.bytes_staged(), 0u);
 }
 
+TEST_P(AccumulateTest, PlacedAccumulatorStartsAtZeroAndAddsBitExact) {
+  // place_accumulator zeroes with accumulate()'s split; every later add must equal a scalar
+  // loop that starts from zero, for any team size (including ones that do not divide n).
+  const GradType t = GetParam();
+  std::mt19937 rng(13);
+  for (std::size_t n : {1ul, 4099ul, 300001ul}) {
+    std::vector<Batch> mb;
+    for (int k = 0; k < 3; ++k) mb.push_back(random_batch(n, rng));
+    std::vector<float> ref(n, 0.0f);
+    for (const Batch& b : mb) {
+      for (std::size_t i = 0; i < n; ++i) {
+        ref[i] = ref[i] + (t == GradType::fp32 ? b.f32[i] : bf16_bits_to_float(b.b16[i]));
+      }
+    }
+    for (int threads : {1, 2, 5}) {
+      std::vector<float> d(n, 12345.0f);
+      EXPECT_LE(place_accumulator(d.data(), n, threads), n * sizeof(float));
+      EXPECT_TRUE(same_bits(d, std::vector<float>(n, 0.0f))) << "n=" << n;
+      for (const Batch& b : mb) accumulate(d.data(), src_of(b, t), t, n, AccumulateMode::add, threads);
+      EXPECT_TRUE(same_bits(d, ref)) << "n=" << n << " threads=" << threads;
+    }
+  }
+}
+
+TEST(AccumulateTeam, SmallArraysUseFewerThreadsNeverNone) {
+  EXPECT_EQ(accumulate_team_size(0, 8), 1);
+  EXPECT_EQ(accumulate_team_size(1, 8), 1);
+  EXPECT_EQ(accumulate_team_size(std::size_t{1} << 30, 8), 8);
+  EXPECT_EQ(accumulate_team_size(std::size_t{1} << 30, 0), resolve_cpu_threads(0));
+  EXPECT_LE(accumulate_team_size(std::size_t{1} << 16, 8), 8);
+  EXPECT_GE(accumulate_team_size(std::size_t{1} << 16, 8), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, AccumulateTest, ::testing::Values(GradType::bf16, GradType::fp32),
                          [](const auto& info) {
                            return std::string(info.param == GradType::bf16 ? "bf16" : "fp32");

@@ -1,7 +1,7 @@
 // Speculative updates (AdamW::speculate_region) against the same steps without speculation:
 // every byte of master, m, v and the bf16 weights must be equal after each step, whether
 // begin_step keeps the speculation (unclipped), recomputes it (clipped, or a different lr) or
-// restores it (non-finite gradients). Also: which regions are eligible, the arena limit, and
+// restores it (non-finite gradients); with fp32 and with bf16 m and v. Also: which regions are eligible, the arena limit, and
 // cancel_speculation. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -42,6 +42,7 @@ std::string name_of(Outcome o) {
 struct SpecCase {
   LinkMode mode = LinkMode::zero_copy;
   GradType grad_type = GradType::bf16;
+  StateType state = StateType::fp32;
 };
 
 class SpeculationTwins : public ::testing::TestWithParam<SpecCase> {};
@@ -51,7 +52,7 @@ class SpeculationTwins : public ::testing::TestWithParam<SpecCase> {};
 // each; the outcome applies to the middle step, the others are plain unclipped steps.
 void run_twins(const SpecCase& sc, Outcome outcome) {
   SCOPED_TRACE(std::string(to_string(sc.mode)) + " " + (sc.grad_type == GradType::bf16 ? "bf16" : "fp32") +
-               " " + name_of(outcome));
+               " state " + to_string(sc.state) + " " + name_of(outcome));
   Case c;
   c.grad_type = sc.grad_type;
   std::vector<std::vector<double>> g_ref;
@@ -63,6 +64,7 @@ void run_twins(const SpecCase& sc, Outcome outcome) {
   c.hyper.max_grad_norm = 10 * n0;
   DeviceMem dev;
   AdamWOptions o = options(PathChoice::gpu_link, 1000, 0, sc.mode);
+  o.state_type = sc.state;
   test::Buffers buf_ref, buf_spec;
   std::vector<test::RefRegion> unused;
   std::mt19937 rng_ref(c.seed), rng_spec(c.seed);
@@ -150,10 +152,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, SpeculationTwins,
                          ::testing::Values(SpecCase{LinkMode::zero_copy, GradType::bf16},
                                            SpecCase{LinkMode::zero_copy, GradType::fp32},
                                            SpecCase{LinkMode::dma, GradType::bf16},
-                                           SpecCase{LinkMode::dma, GradType::fp32}),
+                                           SpecCase{LinkMode::dma, GradType::fp32},
+                                           SpecCase{LinkMode::zero_copy, GradType::bf16, StateType::bf16},
+                                           SpecCase{LinkMode::dma, GradType::fp32, StateType::bf16}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.mode)) +
-                                  (info.param.grad_type == GradType::bf16 ? "_bf16" : "_fp32");
+                                  (info.param.grad_type == GradType::bf16 ? "_bf16" : "_fp32") +
+                                  (info.param.state == StateType::bf16 ? "_bf16_state" : "");
                          });
 
 TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) {

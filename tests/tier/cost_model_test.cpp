@@ -148,5 +148,96 @@ TEST(CostModel, MissingBandwidthIsInfiniteOnlyWhenUsed) {
   EXPECT_DOUBLE_EQ(cm.total_seconds(cm.load(r, {TierKind::host, Mode::none})), 0.0);
 }
 
+// ---- the update split between the link and the host cores ------------------------------------
+// Hand figures for 1e9 parameters on the PCIe fixture (55.4/55.3 GB/s memcpy, 99.8 GB/s both
+// ways, 51.3/52.6 GB/s kernel access), CPU AdamW 1.53 Gparam/s, host memory 111 GB/s:
+//   L_g = 24 GB / 99.8 GB/s (state both ways, combined limit)           = 0.240481 s
+//   L_c = max(2 GB / 55.4, 4 GB / 55.3, 6 GB / 99.8) (weight up, grad down) = 4 / 55.3 = 0.072333 s
+//   T_cpu(1) = 1e9 / 1.53e9                                               = 0.653595 s
+//   D_g = 24 GB, D_c = 30 GB (CPU AdamW, fp32 grad) + 6 GB (staging copies) = 36 GB
+
+TEST(UpdateSplit, LinkAndCpuMeetWhenHostMemoryIsNotTheLimit) {
+  const LinkNumbers l = pcie_numbers();
+  UpdateSplitInput in;
+  in.params_grad_hbm = 1'000'000'000ULL;
+  in.cpu_params_per_s = 1.53e9;
+  in.host_bps = 1e18;  // effectively unlimited
+  const UpdateSplit s = predict_update_split(in, l);
+  const double Lg = 24e9 / 99.8e9, Lc = 4e9 / 55.3e9, C = 1e9 / 1.53e9;
+  const double f = Lg / (Lg - Lc + C);  // closed form: link time = CPU time
+  EXPECT_NEAR(s.cpu_fraction, f, 1e-12);
+  EXPECT_NEAR(s.cpu_fraction, 0.292647, 1e-6);
+  EXPECT_NEAR(s.seconds, f * C, 1e-12);
+  EXPECT_NEAR(s.link_seconds, s.cpu_seconds, 1e-12);
+  EXPECT_NEAR(s.all_link_seconds, Lg, 1e-12);
+  EXPECT_NEAR(s.all_cpu_seconds, C, 1e-12);
+  EXPECT_EQ(s.limit, "link = cpu");
+}
+
+TEST(UpdateSplit, SharedHostMemoryCapsTheCpuShare) {
+  const LinkNumbers l = pcie_numbers();
+  UpdateSplitInput in;
+  in.params_grad_hbm = 1'000'000'000ULL;
+  in.cpu_params_per_s = 1.53e9;
+  in.host_bps = 111e9;
+  const UpdateSplit s = predict_update_split(in, l);
+  const double Lg = 24e9 / 99.8e9, Lc = 4e9 / 55.3e9;
+  const double Mg = 24e9 / 111e9, Mc = 36e9 / 111e9;
+  // Where link meets memory: (1-f)·Lg + f·Lc = (1-f)·Mg + f·Mc.
+  const double f = (Lg - Mg) / ((Lg - Mg) + (Mc - Lc));
+  EXPECT_NEAR(s.cpu_fraction, f, 1e-12);
+  EXPECT_NEAR(s.cpu_fraction, 0.087835, 1e-6);
+  EXPECT_NEAR(s.seconds, (1 - f) * Mg + f * Mc, 1e-12);
+  EXPECT_NEAR(s.seconds, 0.225712, 1e-6);
+  EXPECT_LT(s.cpu_seconds, s.seconds);
+  EXPECT_EQ(s.limit, "link = host memory");
+  // The ends: all over the link is the link's time; all on the CPU the CPU's.
+  EXPECT_NEAR(s.all_link_seconds, Lg, 1e-12);
+  EXPECT_NEAR(s.all_cpu_seconds, 1e9 / 1.53e9, 1e-12);
+}
+
+TEST(UpdateSplit, StreamedGradientsAndDefaultsFromTheTriad) {
+  // Gradients in the host accumulator: gpu_link reads them too (16 B up, 12 B down), the CPU
+  // path sends only the weight up. CPU rate and memory limit default to the triad: 111 GB/s and
+  // 111 GB/s / 30 B.
+  const LinkNumbers l = pcie_numbers();
+  UpdateSplitInput in;
+  in.params_grad_host = 1'000'000'000ULL;
+  const UpdateSplit s = predict_update_split(in, l);
+  const double Lg = std::max(16e9 / 51.3e9, 28e9 / 99.8e9), Lc = 2e9 / 55.4e9;
+  const double Mg = 28e9 / 111e9, Mc = 32e9 / 111e9, C = 30e9 / 111e9;
+  EXPECT_NEAR(s.all_link_seconds, std::max(Lg, Mg), 1e-12);
+  EXPECT_NEAR(s.all_cpu_seconds, std::max({Lc, Mc, C}), 1e-12);
+  // The CPU line lies under the memory line (it is part of the same bytes), so link meets memory.
+  const double f = (Lg - Mg) / ((Lg - Mg) + (Mc - Lc));
+  EXPECT_NEAR(s.cpu_fraction, f, 1e-12);
+  EXPECT_NEAR(s.seconds, (1 - f) * Lg + f * Lc, 1e-12);
+}
+
+TEST(UpdateSplit, NoCpuRateMeansAllOverTheLinkAndNothingMeansNoTime) {
+  LinkNumbers l = pcie_numbers();
+  l.host_triad_bps = 0;  // no triad and no rate: the CPU path cannot be timed, memory not charged
+  UpdateSplitInput in;
+  in.params_grad_hbm = 1'000'000'000ULL;
+  const UpdateSplit s = predict_update_split(in, l);
+  EXPECT_EQ(s.cpu_fraction, 0.0);
+  EXPECT_NEAR(s.seconds, 24e9 / 99.8e9, 1e-12);
+  EXPECT_TRUE(std::isinf(s.all_cpu_seconds));
+  EXPECT_EQ(s.memory_seconds, 0.0);
+  EXPECT_EQ(s.limit, "link");
+
+  const UpdateSplit z = predict_update_split(UpdateSplitInput{}, pcie_numbers());
+  EXPECT_EQ(z.seconds, 0.0);
+  EXPECT_EQ(z.cpu_fraction, 0.0);
+  EXPECT_EQ(z.limit, "");
+  in.cpu_params_per_s = -1;
+  EXPECT_THROW((void)predict_update_split(in, l), ght::logic_error);
+}
+
+TEST(UpdateSplit, CpuAdamwBytesMatchTheBenchmarkRoofline) {
+  EXPECT_EQ(adamw_bytes_per_param(2), 28.0);  // bf16 gradient (bench_optimizer's CPU row)
+  EXPECT_EQ(adamw_bytes_per_param(4), 30.0);  // fp32 gradient (host accumulator)
+}
+
 }  // namespace
 }  // namespace ght::tier

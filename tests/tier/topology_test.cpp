@@ -170,14 +170,8 @@ TEST_F(TopologyTest, BindThreadToNodeRejectsMissingNodes) {
   EXPECT_THROW(ght::tier::bind_thread_to_node(5000), ght::logic_error);
 }
 
-TEST_F(TopologyTest, HostTriadComputesAndReportsBandwidth) {
+TEST_F(TopologyTest, ProbeSizesTheTriadForThisMachine) {
   const auto& t = ght::tier::topology();
-  // Small arrays: this checks the kernel and the bookkeeping, not the machine's speed.
-  const double bps = detail::host_triad_bps(t.host_numa_node, 2, 8u << 20, 0.01, 2);
-  EXPECT_TRUE(std::isfinite(bps));
-  EXPECT_GT(bps, 0.0);
-  EXPECT_THROW((void)detail::host_triad_bps(t.host_numa_node, 0, 8u << 20, 0.01), ght::logic_error);
-
   const std::size_t triad = detail::triad_array_bytes(t);
   EXPECT_GE(triad, std::size_t{64} << 20);
   EXPECT_LE(triad, std::size_t{4} << 30);

@@ -38,20 +38,7 @@ void write_corpus(const std::string& dir, std::uint32_t bad_val_token = 0) {
 }
 
 TrainConfig small_config(const std::string& data, const std::string& out) {
-  TrainConfig c;
-  c.model = preset("tiny");
-  c.model.seq_len = 32;
-  c.model.micro_batch = 2;
-  c.model.grad_accum = 2;
-  c.data = data;
-  c.out = out;
-  c.steps = 6;
-  c.eval_every = 0;
-  c.eval_batches = 2;
-  c.backend = "cpu";
-  c.schedule.warmup_steps = 2;
-  c.schedule.total_steps = c.steps;
-  return c;
+  return ght::trainer::test::tiny_cpu_run_config(data, out);
 }
 
 TrainRunOptions quiet() {

@@ -45,6 +45,38 @@ TEST(ModelRegions, BytesMatchTheParameterCounts) {
   }
 }
 
+TEST(ModelRegions, Bf16StateSizesMAndVAtTwoBytes) {
+  const ModelConfig c = preset("bench-h200");
+  const auto P = static_cast<std::uint64_t>(c.total_params());
+  const auto fp32 = bytes_by_class(model_regions(c));
+  ght::test::ScopedFlag bf16("GHT_OPT_STATE", "bf16");
+  const auto rs = model_regions(c);
+  tier::validate_regions(rs);
+  const auto m = bytes_by_class(rs);
+  EXPECT_EQ(m.at(TensorClass::master), 4 * P);
+  EXPECT_EQ(m.at(TensorClass::adam_m), 2 * P);
+  EXPECT_EQ(m.at(TensorClass::adam_v), 2 * P);
+  EXPECT_EQ(m.at(TensorClass::weight), fp32.at(TensorClass::weight));
+  EXPECT_EQ(m.at(TensorClass::grad), fp32.at(TensorClass::grad));
+  // The optimizer's traffic follows the bytes: each moment read and written once per step.
+  for (const Region& r : rs) {
+    if (r.cls != TensorClass::adam_m && r.cls != TensorClass::adam_v) continue;
+    ASSERT_EQ(r.access.size(), 1u) << r.name;
+    EXPECT_EQ(r.access[0].gpu_read_bytes, static_cast<double>(r.bytes)) << r.name;
+    EXPECT_EQ(r.access[0].gpu_write_bytes, static_cast<double>(r.bytes)) << r.name;
+  }
+  // The dma slots hold 8 bytes per parameter instead of 12.
+  ght::test::ScopedFlag dma("GHT_OPT_LINK_MODE", "dma");
+  tier::PlanOptions with_bf16, with_fp32;
+  add_trainer_reservations(with_bf16, c);
+  {
+    ght::test::ScopedFlag back("GHT_OPT_STATE", "fp32");
+    add_trainer_reservations(with_fp32, c);
+  }
+  EXPECT_GT(with_fp32.host_state_hbm_bytes, 0u);
+  EXPECT_EQ(3 * with_bf16.host_state_hbm_bytes, 2 * with_fp32.host_state_hbm_bytes);
+}
+
 TEST(ModelRegions, Seed21bShape) {
   const ModelConfig c = preset("seed-21b");
   const auto rs = model_regions(c);
@@ -173,6 +205,26 @@ TEST(PlanScenarios, Seed21bOnGh200With96GB) {
   EXPECT_NE(p.mode_summary(TensorClass::grad), "accumulate");
   EXPECT_EQ(p.tier_for("layer3.expert5.grad", TensorClass::grad) == TierKind::host,
             p.find("layer3.expert5.grad")->mode == tier::Mode::stream);
+}
+
+TEST(PlanScenarios, Bf16StateShrinksTheHostStateAndItsLinkTime) {
+  const Plan fp32 = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  ght::test::ScopedFlag bf16("GHT_OPT_STATE", "bf16");
+  const Plan p = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  SCOPED_TRACE(p.format_table(true));
+  expect_within_budgets(p);
+  auto state_bytes = [](const Plan& plan) {
+    std::uint64_t b = 0;
+    for (const Region& r : plan.regions()) {
+      if (r.cls == TensorClass::master || r.cls == TensorClass::adam_m || r.cls == TensorClass::adam_v) b += r.bytes;
+    }
+    return b;
+  };
+  const auto P = static_cast<std::uint64_t>(preset("seed-21b").total_params());
+  EXPECT_EQ(state_bytes(fp32), 12 * P);
+  EXPECT_EQ(state_bytes(p), 8 * P);
+  EXPECT_LT(p.prediction().optimizer_link_seconds, fp32.prediction().optimizer_link_seconds);
+  EXPECT_LE(p.prediction().step_seconds, fp32.prediction().step_seconds);
 }
 
 TEST(PlanScenarios, Seed21bOnGh200With141GBKeepsGradsInHbm) {

@@ -54,6 +54,24 @@ inline TrainConfig small_run_config(const std::string& data, const std::string& 
   return c;
 }
 
+/// A 6-step CPU run of `tiny` with 2 micro-batches of 2×32 tokens, no eval: the loop tests' run.
+inline TrainConfig tiny_cpu_run_config(const std::string& data, const std::string& out) {
+  TrainConfig c;
+  c.model = preset("tiny");
+  c.model.seq_len = 32;
+  c.model.micro_batch = 2;
+  c.model.grad_accum = 2;
+  c.data = data;
+  c.out = out;
+  c.steps = 6;
+  c.eval_every = 0;
+  c.eval_batches = 2;
+  c.backend = "cpu";
+  c.schedule.warmup_steps = 2;
+  c.schedule.total_steps = c.steps;
+  return c;
+}
+
 /// One train and one val shard of byte tokens with a skewed distribution, so that a few steps
 /// visibly lower the loss. A non-zero `bad_val_token` is planted in the val shard.
 inline void write_random_corpus(const std::string& dir, std::size_t train_tokens = 200000,

@@ -22,13 +22,6 @@ struct ProbeReport {
   double seconds = 0;           ///< wall time of the whole probe
 };
 
-/// Host STREAM triad a = b + s*c on `threads` threads, arrays of `array_bytes` placed on
-/// NUMA node `node` (first touch in parallel, threads bound to the node). Runs at least
-/// `min_reps` timed repetitions after one warm-up, and more while under `seconds`; returns the
-/// median bandwidth counting 3 streams. Verifies the result and throws ght::logic_error if wrong.
-[[nodiscard]] double host_triad_bps(int node, int threads, std::size_t array_bytes,
-                                    double seconds, int min_reps = 3);
-
 /// Triad array size for this machine: well above the last-level cache, capped by host memory.
 [[nodiscard]] std::size_t triad_array_bytes(const Topology& topo);
 
