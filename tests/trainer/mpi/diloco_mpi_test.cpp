@@ -92,13 +92,9 @@ TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
   }
   g_comm->broadcast(dir, sizeof dir, 0);
   const std::string root = dir;
-  TrainConfig cfg = test::small_run_config(root + "/data", root + "/run");
-  cfg.model.seq_len = 32;
-  cfg.model.micro_batch = 2;
+  TrainConfig cfg = test::tiny_cpu_run_config(root + "/data", root + "/run");
   cfg.model.grad_accum = 1;
-  cfg.backend = "cpu";
   cfg.threads = 1;
-  cfg.eval_every = 0;
   cfg.steps = cfg.schedule.total_steps = k.h * k.windows;
   cfg.diloco = {k.h, k.lr, k.momentum, k.bf16};
   TrainRunOptions run;
