@@ -31,14 +31,17 @@ double link_time(const LinkNumbers& link, double h2d_seconds, double d2h_seconds
 }
 
 OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params, double grad_bytes_per_param,
-                                               const LinkNumbers& link) {
+                                               const LinkNumbers& link, double state_bytes_per_param) {
   GHT_EXPECTS(grad_bytes_per_param >= 0 && std::isfinite(grad_bytes_per_param),
               "predict_optimizer_link: grad_bytes_per_param must be >= 0, got " +
                   std::to_string(grad_bytes_per_param));
+  GHT_EXPECTS(state_bytes_per_param > 0 && std::isfinite(state_bytes_per_param),
+              "predict_optimizer_link: state_bytes_per_param must be > 0, got " +
+                  std::to_string(state_bytes_per_param));
   OptimizerLinkPrediction p;
   const double n = static_cast<double>(params);
-  p.read_bytes = n * (kAdamStateBytes + grad_bytes_per_param);  // (+ grad from the host)
-  p.write_bytes = n * kAdamStateBytes;  // written back in place
+  p.read_bytes = n * (state_bytes_per_param + grad_bytes_per_param);  // (+ grad from the host)
+  p.write_bytes = n * state_bytes_per_param;  // written back in place
   p.read_seconds = seconds_for(p.read_bytes, link.kernel_read_bps);
   p.write_seconds = seconds_for(p.write_bytes, link.kernel_write_bps);
   p.seconds = link_time(link, p.read_seconds, p.write_seconds, p.read_bytes, p.write_bytes);
@@ -71,13 +74,14 @@ UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& 
   const double nh = static_cast<double>(in.params_grad_hbm);
   const double ns = static_cast<double>(in.params_grad_host);
   const double host_bps = in.host_bps > 0 ? in.host_bps : link.host_triad_bps;
-  const double cpu_host_bytes = adamw_bytes_per_param(kHostGradBytes);
+  const double sb = in.state_bytes_per_param;
+  const double cpu_host_bytes = adamw_bytes_per_param(kHostGradBytes, sb);
   const double rate = in.cpu_params_per_s > 0 ? in.cpu_params_per_s
                                               : (host_bps > 0 ? host_bps / cpu_host_bytes : 0);
 
   // gpu_link: the kernel's traffic, all of it host DRAM traffic too.
-  const OptimizerLinkPrediction gh = predict_optimizer_link(in.params_grad_hbm, 0, link);
-  const OptimizerLinkPrediction gs = predict_optimizer_link(in.params_grad_host, kHostGradBytes, link);
+  const OptimizerLinkPrediction gh = predict_optimizer_link(in.params_grad_hbm, 0, link, sb);
+  const OptimizerLinkPrediction gs = predict_optimizer_link(in.params_grad_host, kHostGradBytes, link, sb);
   // cpu: gradient down (only where it is in HBM) and weight up, by memcpy through staging.
   const double down = nh * kHostGradBytes, up = (nh + ns) * kUpdateWeightBytes;
   const double cpu_link = link_time(link, seconds_for(up, link.h2d_bps),

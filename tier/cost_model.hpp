@@ -43,9 +43,10 @@ inline constexpr double kUpdateWeightBytes = 2;  ///< the bf16 weight each updat
 inline constexpr double kHostGradBytes = 4;    ///< fp32 gradient: host accumulator, or HBM's
 /// Bytes one AdamW update touches per parameter in the memory it runs on (host memory for CPU
 /// AdamW, HBM for the device path): it reads the gradient (`grad_bytes`: 2 for bf16, 4 for fp32)
-/// and master, m, v, and writes master, m, v and the bf16 weight.
-[[nodiscard]] constexpr double adamw_bytes_per_param(double grad_bytes) {
-  return grad_bytes + 2 * kAdamStateBytes + kUpdateWeightBytes;
+/// and master, m, v (`state_bytes`: 12 with fp32 m and v, 8 with bf16), and writes master, m, v
+/// and the bf16 weight.
+[[nodiscard]] constexpr double adamw_bytes_per_param(double grad_bytes, double state_bytes = kAdamStateBytes) {
+  return grad_bytes + 2 * state_bytes + kUpdateWeightBytes;
 }
 
 /// Predicted link traffic of the gpu_link AdamW step for `params` parameters whose fp32 master,
@@ -60,9 +61,11 @@ struct OptimizerLinkPrediction {
   double write_seconds = 0;   ///< write_bytes / kernel_write_bps
   double seconds = 0;         ///< both directions at once: max(read, write, total / bidir_bps)
 };
+/// `state_bytes_per_param`: master + m + v bytes (12 fp32; 8 with bf16 m and v).
 [[nodiscard]] OptimizerLinkPrediction predict_optimizer_link(std::uint64_t params,
                                                              double grad_bytes_per_param,
-                                                             const LinkNumbers& link);
+                                                             const LinkNumbers& link,
+                                                             double state_bytes_per_param = kAdamStateBytes);
 /// predict_optimizer_link(...).seconds
 [[nodiscard]] double predict_optimizer_link_seconds(std::uint64_t params,
                                                     double grad_bytes_per_param,
@@ -108,6 +111,7 @@ struct UpdateSplitInput {
   /// makes the cpu path impossible
   double cpu_params_per_s = 0;
   double host_bps = 0;  ///< shared host-memory limit; 0: link.host_triad_bps; neither: not charged
+  double state_bytes_per_param = kAdamStateBytes;  ///< master + m + v (8 with bf16 m and v)
 };
 struct UpdateSplit {
   double cpu_fraction = 0;      ///< best f: share of the parameters updated by CPU AdamW

@@ -70,6 +70,13 @@ bool is_state(TensorClass c) {
 UpdateSplitInput host_state_params(const std::vector<Region>& regions,
                                    const std::vector<Decision>& decisions) {
   UpdateSplitInput in;
+  double state_bytes = 0;  // master, m and v bytes of the host-state parameters
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    const Region& r = regions[i];
+    if (is_state(r.cls) && decisions[i].tier == TierKind::host) {
+      state_bytes += static_cast<double>(r.host_bytes.value_or(r.bytes));
+    }
+  }
   for (std::size_t i = 0; i < regions.size(); ++i) {
     const Region& m = regions[i];
     if (m.cls != TensorClass::master || decisions[i].tier != TierKind::host) continue;
@@ -84,6 +91,9 @@ UpdateSplitInput host_state_params(const std::vector<Region>& regions,
     }
     (grad_on_host ? in.params_grad_host : in.params_grad_hbm) += params;
   }
+  // The regions' own bytes: 12 per parameter, 8 with bf16 m and v (GHT_OPT_STATE).
+  const auto n = static_cast<double>(in.params_grad_host + in.params_grad_hbm);
+  if (n > 0) in.state_bytes_per_param = state_bytes / n;
   return in;
 }
 
@@ -844,7 +854,7 @@ std::string Plan::format_table(bool explain) const {
        << ", best " << num(100 * u.cpu_fraction, 1) << "% on the host cores " << secs(u.seconds)
        << " (limit " << u.limit << ")\n"
        << "                (prediction; CPU AdamW at host triad / "
-       << num(adamw_bytes_per_param(kHostGradBytes), 0)
+       << num(adamw_bytes_per_param(kHostGradBytes, state.state_bytes_per_param), 0)
        << " B, host memory shared with the link, not in the step above)\n";
   }
   os << "  recompute     " << secs(p.recompute_seconds) << "\n"

@@ -196,6 +196,30 @@ TEST(UpdateSplit, SharedHostMemoryCapsTheCpuShare) {
   EXPECT_NEAR(s.all_cpu_seconds, 1e9 / 1.53e9, 1e-12);
 }
 
+// bf16 m and v (GHT_OPT_STATE=bf16): 8 state bytes per parameter each way, so the link path moves
+// 16 B instead of 24 and the CPU path 4 + 2·8 + 2 = 22 B of its own (fp32 gradient read, state
+// read and written, bf16 weight written; + 6 B of staging copies):
+//   Lg = 16 GB / 99.8 GB/s, Mg = 16 GB / 111 GB/s, Mc = (22 + 6) GB / 111 GB/s, Lc unchanged
+//   f = (Lg - Mg) / ((Lg - Mg) + (Mc - Lc)) = 0.082493 (0.087835 with fp32 state).
+TEST(UpdateSplit, Bf16StateMovesFewerBytesOnBothPaths) {
+  const LinkNumbers l = pcie_numbers();
+  UpdateSplitInput in;
+  in.params_grad_hbm = 1'000'000'000ULL;
+  in.cpu_params_per_s = 1.53e9;
+  in.host_bps = 111e9;
+  in.state_bytes_per_param = 8;
+  const UpdateSplit s = predict_update_split(in, l);
+  const double Lg = 16e9 / 99.8e9, Lc = 4e9 / 55.3e9;
+  const double Mg = 16e9 / 111e9, Mc = 28e9 / 111e9;
+  const double f = (Lg - Mg) / ((Lg - Mg) + (Mc - Lc));
+  EXPECT_NEAR(s.all_link_seconds, Lg, 1e-12);
+  EXPECT_NEAR(s.cpu_fraction, f, 1e-12);
+  EXPECT_NEAR(s.cpu_fraction, 0.082493, 1e-6);
+  EXPECT_EQ(s.limit, "link = host memory");
+  EXPECT_DOUBLE_EQ(adamw_bytes_per_param(4, 8), 22.0);
+  EXPECT_DOUBLE_EQ(predict_optimizer_link(10, 0, l, 8).read_bytes, 80.0);
+}
+
 TEST(UpdateSplit, StreamedGradientsAndDefaultsFromTheTriad) {
   // Gradients in the host accumulator: gpu_link reads them too (16 B up, 12 B down), the CPU
   // path sends only the weight up. CPU rate and memory limit default to the triad: 111 GB/s and
