@@ -37,7 +37,7 @@ std::unique_ptr<KernelTracer> try_tracer(std::string& why) {
     return nullptr;
   }
   try {
-    return std::make_unique<KernelTracer>();
+    return std::make_unique<KernelTracer>(alloc::make_default_tiered_allocator());
   } catch (const ght::cuda_error& e) {
     why = std::string("CUPTI unavailable: ") + e.what();
     return nullptr;

@@ -126,14 +126,29 @@ struct Collector {
   }
 };
 
-std::mutex g_mu;                   // guards g_collector and what it points to
+std::mutex g_mu;                   // guards the three below and what they point to
 Collector* g_collector = nullptr;  // the live tracer's, or null
+std::shared_ptr<alloc::tiered_allocator> g_alloc;  // the live tracer's buffer allocator, or null
+// Every buffer CUPTI holds, with the allocator it came from: a buffer may come back after its
+// tracer has gone (or while the next one runs), and is returned where it was taken.
+std::unordered_map<const void*, std::shared_ptr<alloc::tiered_allocator>> g_buffers;
 
 void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
-  // A failed allocation hands CUPTI no buffer: it drops records and counts them.
-  *buffer = static_cast<std::uint8_t*>(std::aligned_alloc(8, kBufferBytes));
-  *size = *buffer != nullptr ? kBufferBytes : 0;
+  // No tracer or a failed allocation hands CUPTI no buffer: it drops records and counts them.
+  // CUPTI's thread must not throw.
+  *buffer = nullptr;
   *max_records = 0;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_alloc != nullptr) {
+    try {
+      void* p = g_alloc->allocate(kBufferBytes, {TensorClass::other, "kernel_trace.cupti_buffers", TierKind::host, false});
+      g_buffers.emplace(p, g_alloc);
+      *buffer = static_cast<std::uint8_t*>(p);
+    } catch (const std::exception&) {
+      *buffer = nullptr;
+    }
+  }
+  *size = *buffer != nullptr ? kBufferBytes : 0;
 }
 
 void CUPTIAPI buffer_completed(CUcontext ctx, std::uint32_t stream, std::uint8_t* buffer, std::size_t /*size*/,
@@ -149,8 +164,12 @@ void CUPTIAPI buffer_completed(CUcontext ctx, std::uint32_t stream, std::uint8_t
       std::size_t dropped = 0;
       if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS) g_collector->dropped += dropped;
     }
+    const auto it = g_buffers.find(buffer);
+    if (it != g_buffers.end()) {
+      it->second->deallocate(buffer);
+      g_buffers.erase(it);
+    }
   }
-  std::free(buffer);
 }
 
 std::string demangle(const std::string& name) {
@@ -180,15 +199,20 @@ struct KernelTracer::Impl {
     if (!enabled.empty()) (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     enabled.clear();
     std::lock_guard<std::mutex> lk(g_mu);
-    if (g_collector == &col) g_collector = nullptr;
+    if (g_collector == &col) {
+      g_collector = nullptr;
+      g_alloc.reset();
+    }
   }
 };
 
-KernelTracer::KernelTracer() : impl_(std::make_unique<Impl>()) {
+KernelTracer::KernelTracer(std::shared_ptr<alloc::tiered_allocator> alloc) : impl_(std::make_unique<Impl>()) {
+  GHT_EXPECTS(alloc != nullptr, "KernelTracer: null allocator");
   {
     std::lock_guard<std::mutex> lk(g_mu);
     GHT_EXPECTS(g_collector == nullptr, "KernelTracer: another tracer is alive (CUPTI's buffers are process-wide)");
     g_collector = &impl_->col;
+    g_alloc = std::move(alloc);
   }
   try {
     GHT_CUPTI_TRY(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
@@ -271,7 +295,7 @@ bool kernel_trace_built() { return false; }
 
 struct KernelTracer::Impl {};
 
-KernelTracer::KernelTracer() {
+KernelTracer::KernelTracer(std::shared_ptr<alloc::tiered_allocator> /*alloc*/) {
   throw ght::logic_error("kernel tracing: this build has no CUPTI (built without CUPTI: CUDA::cupti was not found "
                          "at configure time)");
 }

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "alloc/tiered.hpp"
 #include "trainer/cuda/kernel_breakdown.hpp"
 
 namespace ght::trainer {
@@ -35,12 +36,14 @@ namespace ght::trainer {
 class KernelTracer {
  public:
   /**
-   * @brief Start recording on every device of the process.
+   * @brief Start recording on every device of the process. CUPTI's record buffers (8 MiB each,
+   * requested on CUPTI's threads) are host blocks of `alloc`, class other, region
+   * "kernel_trace.cupti_buffers": the run's budgets and statistics see them.
    * @throws ght::logic_error when built without CUPTI or another tracer is alive;
    *         ght::cuda_error naming the CUPTI call and status when CUPTI refuses (e.g.
    *         CUPTI_ERROR_INSUFFICIENT_PRIVILEGES when profiling is not permitted)
    */
-  KernelTracer();
+  explicit KernelTracer(std::shared_ptr<alloc::tiered_allocator> alloc);
   /// Stops recording and drops what was not collected (never throws).
   ~KernelTracer();
   KernelTracer(const KernelTracer&) = delete;

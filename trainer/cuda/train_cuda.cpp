@@ -566,7 +566,7 @@ bool CudaRun::traced_step(std::int64_t step) const {
 void CudaRun::begin_trace() {
   synchronize();
   try {
-    tracer_ = std::make_unique<KernelTracer>();
+    tracer_ = std::make_unique<KernelTracer>(alloc_);
     trace_start_ns_ = KernelTracer::now_ns();
   } catch (const ght::cuda_error& e) {
     tracer_.reset();
