@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -54,14 +53,6 @@ std::vector<nlohmann::json> records(const std::string& run) {
   return out;
 }
 
-std::map<std::int64_t, double> losses(const std::string& run) {
-  std::map<std::int64_t, double> m;
-  for (const auto& r : records(run)) {
-    if (r.at("type") == "step") m[r.at("step").get<std::int64_t>()] = r.at("loss").get<double>();
-  }
-  return m;
-}
-
 TEST(Loop, PreviousRunNeedsResumeOrOverwriteAndRecordsCarryTheRunId) {
   ght::test::TempDir tmp("ght_loop_test");
   write_corpus(tmp / "data");
@@ -80,7 +71,7 @@ TEST(Loop, PreviousRunNeedsResumeOrOverwriteAndRecordsCarryTheRunId) {
   const std::string msg = error_of<ght::logic_error>([&] { (void)train(cfg, quiet()); });
   EXPECT_NE(msg.find("--resume auto"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--overwrite"), std::string::npos) << msg;
-  EXPECT_EQ(losses(tmp / "run").size(), 2u) << "a refused run wrote to the log";
+  EXPECT_EQ(ght::trainer::test::read_log(tmp / "run").loss.size(), 2u) << "a refused run wrote to the log";
 
   TrainRunOptions over = quiet();
   over.overwrite = true;
@@ -170,7 +161,7 @@ TEST(Loop, FailedStepCheckpointsTheLastCompletedStepAndResumesExactly) {
   const TrainSummary sum = train(cfg, resume);
   EXPECT_EQ(sum.first_step, 3);
   EXPECT_EQ(sum.last_step, 6);
-  const auto a = losses(tmp / "straight"), b = losses(cfg.out);
+  const auto a = ght::trainer::test::read_log(tmp / "straight").loss, b = ght::trainer::test::read_log(cfg.out).loss;
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;  // bit-identical
