@@ -2,20 +2,7 @@
 # CLI test for `ght alloc-replay FILE`: peak usage and fragmentation from a log, JSON output,
 # and malformed logs rejected with FILE:LINE and a non-zero exit.
 #   bash tests/cli/alloc_replay_test.sh <path-to-ght> <project-root>
-set -u
-GHT=${1:?usage: alloc_replay_test.sh <path-to-ght> <project-root>}
-[ -x "$GHT" ] || { echo "FAIL: no ght executable at $GHT" >&2; exit 1; }
-for v in $(compgen -e); do
-  case "$v" in GHT_*) unset "$v" ;; esac
-done
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/check_common.sh" "$@"
 
 # Three 256 B blocks, the middle one freed, then 512 B that cannot use its hole: peak live
 # 1024 B in a 1280 B best-fit heap, fragmentation 20%; A, C and D are never freed.

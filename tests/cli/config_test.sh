@@ -1,26 +1,9 @@
 #!/usr/bin/env bash
 # CLI test for `ght config` and the GHT_* registry's error reporting.
 #   bash tests/cli/config_test.sh <path-to-ght> <project-root>
-set -u
-GHT=${1:?usage: config_test.sh <path-to-ght> <project-root>}
-ROOT=${2:?usage: config_test.sh <path-to-ght> <project-root>}
+source "$(dirname "$0")/check_common.sh" "$@"
 INC="$ROOT/tier/config_options.inc"
-[ -x "$GHT" ] || { echo "FAIL: no ght executable at $GHT" >&2; exit 1; }
 [ -f "$INC" ] || { echo "FAIL: no $INC (is $ROOT the project root?)" >&2; exit 1; }
-
-# Start from a clean slate: GHT_* variables of the caller (e.g. GHT_TEST_REQUIRE_GPU) must not
-# change what this test sees.
-for v in $(compgen -e); do
-  case "$v" in GHT_*) unset "$v" ;; esac
-done
-
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
 
 # ---- `ght config` lists every declared option with value, source, default and doc -------------
 if ! "$GHT" config >"$TMP/table" 2>"$TMP/err"; then

@@ -4,17 +4,7 @@
 # saturating, empty sizes) naming the key, directories given as config files, sample's checks, and
 # messages without source locations (kept for GHT_LOG_LEVEL=debug).
 #   bash tests/cli/hardening_test.sh <path-to-ght> <project-root>
-set -u
-GHT=${1:?usage: hardening_test.sh <path-to-ght> <project-root>}
-ROOT=${2:?usage: hardening_test.sh <path-to-ght> <project-root>}
-[ -x "$GHT" ] || { echo "FAIL: no ght executable at $GHT" >&2; exit 1; }
-for v in $(compgen -e); do
-  case "$v" in GHT_*) unset "$v" ;; esac
-done
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+source "$(dirname "$0")/check_common.sh" "$@"
 expect_in() {  # expect_in FILE TEXT
   grep -qF -- "$2" "$1" || { fail "expected '$2' in $1:"; sed 's/^/    /' "$1" >&2; }
 }

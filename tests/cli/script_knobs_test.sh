@@ -3,18 +3,7 @@
 # know, so `GHT_DEMO_STEPS=100 scripts/demo.sh` used to stop ght itself. Every GHT_* name a script
 # reads must be a registered option, and the demo builds only the `ght` target.
 #   bash tests/cli/script_knobs_test.sh <path-to-ght> <project-root>
-set -u
-GHT=${1:?usage: script_knobs_test.sh <path-to-ght> <project-root>}
-ROOT=${2:?usage: script_knobs_test.sh <path-to-ght> <project-root>}
-[ -x "$GHT" ] || { echo "FAIL: no ght executable at $GHT" >&2; exit 1; }
-for v in $(compgen -e); do
-  case "$v" in GHT_*) unset "$v" ;; esac
-done
-failures=0
-fail() {
-  echo "FAIL: $*" >&2
-  failures=$((failures + 1))
-}
+source "$(dirname "$0")/check_common.sh" "$@"
 
 known=$("$GHT" config --json | sed -n 's/^ *"name": "\(GHT_[A-Z0-9_]*\)".*/\1/p')
 [ -n "$known" ] || fail "ght config --json listed no options"
