@@ -2,6 +2,7 @@
 process so that neither torch nor CUDA is initialised in the caller (shared by
 examples/torch_pluggable.py, examples/torch_import_order.py and
 bench/alloc/torch_train_pluggable.py)."""
+import os
 import subprocess
 import sys
 
@@ -30,3 +31,14 @@ def missing_piece(lib):
         return None
     out = r.stdout.strip() or r.stderr.strip() or f"probe exited with {r.returncode}"
     return out.splitlines()[-1]
+
+
+def skip_status(name, what):
+    """Exit status of script `name` on a machine that cannot run it because of `what`: 0 with a
+    SKIP line, or 1 where GHT_TEST_REQUIRE_GPU=1 (the GPU machine, where a skip would hide a
+    failure)."""
+    if os.environ.get("GHT_TEST_REQUIRE_GPU") == "1":
+        print(f"FAIL: GHT_TEST_REQUIRE_GPU=1 but {what}")
+        return 1
+    print(f"SKIP: {name}: {what}")
+    return 0

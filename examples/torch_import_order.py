@@ -33,7 +33,7 @@ import signal
 import subprocess
 import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ght_torch_check import missing_piece  # noqa: E402
+from ght_torch_check import missing_piece, skip_status  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -120,11 +120,7 @@ def main():
     # the crash is ghtier's.
     missing = missing_piece(lib)
     if missing:
-        if os.environ.get("GHT_TEST_REQUIRE_GPU") == "1":
-            print(f"FAIL: GHT_TEST_REQUIRE_GPU=1 but {missing}")
-            return 1
-        print(f"SKIP: torch_import_order: {missing}")
-        return 0
+        return skip_status("torch_import_order", missing)
 
     failed = 0
     cases = {"before": "loaded before", "before-global": "loaded with RTLD_GLOBAL before",

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ght_torch_check import missing_piece  # noqa: E402
+from ght_torch_check import missing_piece, skip_status  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIERS = {"hbm": 0, "host": 1}
@@ -54,15 +54,6 @@ def reference(args):
     a, b = inputs(args.n, args.seed)
     c = (a.cuda() @ b.cuda()).cpu()
     torch.save(c, args.reference)
-    return 0
-
-
-def skip(what):
-    """Exit status for a machine that cannot run the example."""
-    if os.environ.get("GHT_TEST_REQUIRE_GPU") == "1":
-        print(f"FAIL: GHT_TEST_REQUIRE_GPU=1 but {what}")
-        return 1
-    print(f"SKIP: torch_pluggable: {what}")
     return 0
 
 
@@ -145,7 +136,7 @@ def main():
         return 2
     missing = missing_piece(args.lib)
     if missing:
-        return skip(missing)
+        return skip_status("torch_pluggable", missing)
     tier = os.environ.get("GHT_TORCH_TIER")
     if tier:
         if tier not in TIERS:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
-from ght_torch_check import missing_piece  # noqa: E402
+from ght_torch_check import missing_piece, skip_status  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -168,11 +168,7 @@ def main():
     args.lib = os.path.abspath(args.lib)
     missing = missing_piece(args.lib)
     if missing:
-        if os.environ.get("GHT_TEST_REQUIRE_GPU") == "1":
-            print(f"FAIL: GHT_TEST_REQUIRE_GPU=1 but {missing}")
-            return 1
-        print(f"SKIP: torch_train_pluggable: {missing}")
-        return 0
+        return skip_status("torch_train_pluggable", missing)
 
     runs = {}
     for which in ("caching", "ghtier"):
