@@ -47,6 +47,15 @@ class unique_block {
     alloc_ = nullptr;
   }
 
+  /// Give up the block without freeing it (for memory something else may still write, e.g.
+  /// a buffer a driver never handed back): it stays allocated until the process exits.
+  [[nodiscard]] void* release_ownership() noexcept {
+    void* p = p_;
+    alloc_ = nullptr;
+    p_ = nullptr;
+    bytes_ = 0;
+    return p;
+  }
   [[nodiscard]] void* get() const noexcept { return p_; }
   template <class T>
   [[nodiscard]] T* as() const noexcept {

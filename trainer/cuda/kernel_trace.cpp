@@ -12,6 +12,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "alloc/block.hpp"
 #include "tier/error.hpp"
 
 #ifdef GHT_HAVE_CUPTI
@@ -126,49 +127,45 @@ struct Collector {
   }
 };
 
-std::mutex g_mu;                   // guards the three below and what they point to
+constexpr std::size_t kPoolBuffers = 32;  // 256 MiB: a traced step fills a few (bench/results)
+
+std::mutex g_mu;                   // guards the two below and what they point to
 Collector* g_collector = nullptr;  // the live tracer's, or null
-std::shared_ptr<alloc::tiered_allocator> g_alloc;  // the live tracer's buffer allocator, or null
-// Every buffer CUPTI holds, with the allocator it came from: a buffer may come back after its
-// tracer has gone (or while the next one runs), and is returned where it was taken.
-std::unordered_map<const void*, std::shared_ptr<alloc::tiered_allocator>> g_buffers;
+// The live tracer's record buffers not lent to CUPTI. The callbacks only take and return them:
+// they make no CUDA or allocator call, since CUPTI calls buffer_requested from inside CUDA API
+// calls, the allocator's own (cudaHostAlloc) included, which would re-enter g_mu or the
+// allocator's lock (the trace hung that way, bench/results/2026-12-01-h200-offload.md).
+std::vector<std::uint8_t*>* g_free = nullptr;
+std::size_t g_lent = 0;  // buffers CUPTI holds
 
 void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
-  // No tracer or a failed allocation hands CUPTI no buffer: it drops records and counts them.
-  // CUPTI's thread must not throw.
+  // No tracer or an empty pool hands CUPTI no buffer: it drops records and counts them.
   *buffer = nullptr;
   *max_records = 0;
   std::lock_guard<std::mutex> lk(g_mu);
-  if (g_alloc != nullptr) {
-    try {
-      void* p = g_alloc->allocate(kBufferBytes, {TensorClass::other, "kernel_trace.cupti_buffers", TierKind::host, false});
-      g_buffers.emplace(p, g_alloc);
-      *buffer = static_cast<std::uint8_t*>(p);
-    } catch (const std::exception&) {
-      *buffer = nullptr;
-    }
+  if (g_free != nullptr && !g_free->empty()) {
+    *buffer = g_free->back();
+    g_free->pop_back();
+    ++g_lent;
   }
   *size = *buffer != nullptr ? kBufferBytes : 0;
 }
 
 void CUPTIAPI buffer_completed(CUcontext ctx, std::uint32_t stream, std::uint8_t* buffer, std::size_t /*size*/,
                                std::size_t valid) {
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    if (g_collector != nullptr) {
-      try {
-        g_collector->parse(buffer, valid);
-      } catch (const std::bad_alloc&) {
-        ++g_collector->dropped;  // a record we could not keep (CUPTI's thread must not throw)
-      }
-      std::size_t dropped = 0;
-      if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS) g_collector->dropped += dropped;
+  std::lock_guard<std::mutex> lk(g_mu);
+  if (g_collector != nullptr) {
+    try {
+      g_collector->parse(buffer, valid);
+    } catch (const std::bad_alloc&) {
+      ++g_collector->dropped;  // a record we could not keep (CUPTI's thread must not throw)
     }
-    const auto it = g_buffers.find(buffer);
-    if (it != g_buffers.end()) {
-      it->second->deallocate(buffer);
-      g_buffers.erase(it);
-    }
+    std::size_t dropped = 0;
+    if (cuptiActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS) g_collector->dropped += dropped;
+  }
+  if (buffer != nullptr && g_free != nullptr) {
+    g_free->push_back(buffer);  // reserved in the constructor: no allocation here
+    --g_lent;
   }
 }
 
@@ -190,6 +187,8 @@ struct KernelTracer::Impl {
   std::map<std::string, std::int64_t, std::less<>> calls;
   bool pushed = false;
   std::vector<CUpti_ActivityKind> enabled;
+  std::vector<alloc::unique_block> pool;  // the record buffers, from the run's allocator
+  std::vector<std::uint8_t*> free_list;
 
   // Everything CUPTI-side undone, ignoring errors: for the destructor and a failed start.
   void stop() noexcept {
@@ -199,20 +198,34 @@ struct KernelTracer::Impl {
     if (!enabled.empty()) (void)cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     enabled.clear();
     std::lock_guard<std::mutex> lk(g_mu);
-    if (g_collector == &col) {
-      g_collector = nullptr;
-      g_alloc.reset();
+    if (g_collector == &col) g_collector = nullptr;
+    if (g_free == &free_list) {
+      g_free = nullptr;
+      if (g_lent != 0) {
+        // CUPTI still holds buffers after a forced flush: never free memory it may write.
+        for (auto& b : pool) (void)b.release_ownership();
+        g_lent = 0;
+      }
     }
   }
 };
 
 KernelTracer::KernelTracer(std::shared_ptr<alloc::tiered_allocator> alloc) : impl_(std::make_unique<Impl>()) {
   GHT_EXPECTS(alloc != nullptr, "KernelTracer: null allocator");
+  // Every buffer is taken now, before any activity is enabled (see g_free).
+  for (std::size_t i = 0; i < kPoolBuffers; ++i) {
+    auto& b = impl_->pool.emplace_back(*alloc, kBufferBytes,
+                                       alloc::AllocRequest{TensorClass::other, "kernel_trace.cupti_buffers", TierKind::host, false});
+    impl_->free_list.push_back(b.as<std::uint8_t>());
+  }
+  impl_->free_list.reserve(kPoolBuffers);
   {
     std::lock_guard<std::mutex> lk(g_mu);
-    GHT_EXPECTS(g_collector == nullptr, "KernelTracer: another tracer is alive (CUPTI's buffers are process-wide)");
+    GHT_EXPECTS(g_collector == nullptr && g_free == nullptr,
+                "KernelTracer: another tracer is alive (CUPTI's buffers are process-wide)");
     g_collector = &impl_->col;
-    g_alloc = std::move(alloc);
+    g_free = &impl_->free_list;
+    g_lent = 0;
   }
   try {
     GHT_CUPTI_TRY(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));

@@ -36,9 +36,11 @@ namespace ght::trainer {
 class KernelTracer {
  public:
   /**
-   * @brief Start recording on every device of the process. CUPTI's record buffers (8 MiB each,
-   * requested on CUPTI's threads) are host blocks of `alloc`, class other, region
-   * "kernel_trace.cupti_buffers": the run's budgets and statistics see them.
+   * @brief Start recording on every device of the process. CUPTI's record buffers (32 of 8 MiB,
+   * taken here, lent to CUPTI and returned as it delivers them) are host blocks of `alloc`, class
+   * other, region "kernel_trace.cupti_buffers": the run's budgets and statistics see them. The
+   * callbacks never allocate: CUPTI requests buffers from inside CUDA calls, the allocator's too.
+   * When all 32 are lent, CUPTI drops records and counts them (TraceWindow::dropped_records).
    * @throws ght::logic_error when built without CUPTI or another tracer is alive;
    *         ght::cuda_error naming the CUPTI call and status when CUPTI refuses (e.g.
    *         CUPTI_ERROR_INSUFFICIENT_PRIVILEGES when profiling is not permitted)
