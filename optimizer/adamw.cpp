@@ -805,6 +805,14 @@ void AdamW::set_grad(std::size_t r, const void* grad, GradType type) {
   impl_->configure(rs);
 }
 
+void AdamW::set_weight(std::size_t r, void* weight) {
+  Impl::RegionState& rs = impl_->at(r);
+  cancel_speculation();
+  synchronize();  // an in-flight update may still write the old buffer
+  rs.desc.weight = weight;
+  impl_->configure(rs);
+}
+
 CUevent_st* AdamW::chunk_event(std::size_t r, std::size_t c) const {
   const Impl::RegionState& rs = impl_->at(r);
   GHT_EXPECTS(c < rs.chunks, "chunk " + std::to_string(c) + " out of range for region '" +

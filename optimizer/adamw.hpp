@@ -164,8 +164,11 @@ class AdamW {
   /// Element type of every region's m and v.
   [[nodiscard]] StateType state_type() const;
   [[nodiscard]] const AdamWHyper& hyper() const;
-  /// Point region r at a new gradient buffer.
+  /// Point region r at a new gradient buffer (waits for pending updates first).
   void set_grad(std::size_t r, const void* grad, GradType type);
+  /// Point region r's bf16 weight output at a new buffer, same place rules as Region::weight
+  /// (waits for pending updates first). The trainer's delayed update alternates two.
+  void set_weight(std::size_t r, void* weight);
 
   /// master = float(weight) for every region with a weight (init from a bf16 checkpoint).
   void init_master_from_weights();

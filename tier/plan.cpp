@@ -97,7 +97,8 @@ UpdateSplitInput host_state_params(const std::vector<Region>& regions,
   return in;
 }
 
-// Placements that switch on a fixed cost, counted over a whole placement: any streamed gradient
+// Placements that switch on a fixed cost, counted over a whole placement (plus the delayed update's
+// buffers, held whatever the placement): any streamed gradient
 // needs the pinned stream staging (host), any master/m/v on the host the optimizer's dma slots
 // (HBM), any recomputed layer the shared recompute scratch (HBM). Without a GPU none applies.
 struct FixedCosts {
@@ -110,7 +111,8 @@ struct FixedCosts {
   }
   [[nodiscard]] std::uint64_t hbm(const PlanOptions& o) const {
     if (o.link.kind == LinkKind::none) return 0;
-    return (state_on_host > 0 ? o.host_state_hbm_bytes : 0) + (recomputed > 0 ? o.recompute_scratch_bytes : 0);
+    return (state_on_host > 0 ? o.host_state_hbm_bytes : 0) + (recomputed > 0 ? o.recompute_scratch_bytes : 0) +
+           o.delayed_update_hbm_bytes;
   }
   [[nodiscard]] std::uint64_t host(const PlanOptions& o) const {
     // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
@@ -325,7 +327,8 @@ bool Plan::operator==(const Plan& o) const {
          p.step_flops == q.step_flops && p.assumed_tflops == q.assumed_tflops &&
          p.stream_staging_bytes == q.stream_staging_bytes &&
          p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
-         p.recompute_scratch_bytes == q.recompute_scratch_bytes && regions_ == o.regions_ &&
+         p.recompute_scratch_bytes == q.recompute_scratch_bytes &&
+         p.delayed_update_hbm_bytes == q.delayed_update_hbm_bytes && regions_ == o.regions_ &&
          decisions_ == o.decisions_ && prediction_ == o.prediction_ && notes_ == o.notes_;
 }
 

@@ -132,6 +132,9 @@ struct PlanOptions {
   /// HBM the trainer needs once while any layer's activations are recomputed: the buffers one
   /// recomputed layer's forward fills, shared by every recomputed layer (0 = none).
   std::uint64_t recompute_scratch_bytes = 0;
+  /// HBM the trainer holds whatever the placement, on a GPU machine: the second bf16 weight and
+  /// gradient buffers of the one-step-delayed update (GHT_OPT_DELAY=1; the trainer sets it).
+  std::uint64_t delayed_update_hbm_bytes = 0;
 };
 
 /// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_TFLOPS,

@@ -406,6 +406,7 @@ std::string Plan::to_json() const {
   top["stream_staging_bytes"] = o.stream_staging_bytes;
   top["host_state_hbm_bytes"] = o.host_state_hbm_bytes;
   top["recompute_scratch_bytes"] = o.recompute_scratch_bytes;
+  top["delayed_update_hbm_bytes"] = o.delayed_update_hbm_bytes;
   top["summary"] = {{"grad_mode", mode_summary(TensorClass::grad)},
                     {"activation_mode", mode_summary(TensorClass::activation)}};
   const Prediction& p = prediction_;
@@ -445,7 +446,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   const json j = parse_text(text, origin);
   check_keys(j, origin, "",
              {"format", "version", "policy", "place", "budgets", "link", "step_flops",
-              "assumed_tflops", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "summary", "prediction", "notes", "regions"});
+              "assumed_tflops", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "delayed_update_hbm_bytes", "summary", "prediction", "notes", "regions"});
   if (get_string(j, "format", origin, "", nullptr) != "ghtier-plan") {
     fail(origin, "format", "expected \"ghtier-plan\" (is this a ght plan --json file?)");
   }
@@ -488,6 +489,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   o.stream_staging_bytes = get_u64(j, "stream_staging_bytes", origin, "");
   if (get(j, "host_state_hbm_bytes")) o.host_state_hbm_bytes = get_u64(j, "host_state_hbm_bytes", origin, "");
   if (get(j, "recompute_scratch_bytes")) o.recompute_scratch_bytes = get_u64(j, "recompute_scratch_bytes", origin, "");
+  if (get(j, "delayed_update_hbm_bytes")) o.delayed_update_hbm_bytes = get_u64(j, "delayed_update_hbm_bytes", origin, "");
 
   const json* pj = get(j, "prediction");
   if (pj == nullptr) fail(origin, "prediction", "missing");

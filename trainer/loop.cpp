@@ -63,6 +63,8 @@ struct Diloco {
 // The shared part's momentum file and each rank's shard: its θ_local (= its AdamW master), m and
 // v as tensors "master.<name>", "adam_m.<name>", "adam_v.<name>", its AdamW step in the metadata.
 constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
+// GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master).
+constexpr const char* kComputeWeightsFile = "delayed.compute_weights.safetensors";
 constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
 std::string shard_file(int rank) {
   char buf[48];
@@ -150,7 +152,21 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
     v.optimizer = {{"step", opt.step_count()},
                    {"state_dtype", optimizer::to_string(opt.state_type())},
                    {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
-                   {"world_size", s.comm->size()}};
+                   {"world_size", s.comm->size()},
+                   {"delayed_update", be.delayed_update()}};
+    if (be.delayed_update()) {
+      v.extra_files = [&be, &ts](const std::string& staging) {
+        std::vector<FloatBuffer> w;
+        std::vector<CheckpointTensorView> views;
+        w.reserve(ts.size());
+        for (std::size_t r = 0; r < ts.size(); ++r) {
+          FloatBuffer& b = w.emplace_back(ts[r].numel);
+          be.read_compute_weights(r, std::span<float>(b.data(), b.size()));
+          views.push_back({ts[r].name, ts[r].shape, std::span<const float>(b.data(), b.size())});
+        }
+        return std::vector<CheckpointFile>{write_tensor_file(staging, kComputeWeightsFile, views, {{"format", "pt"}})};
+      };
+    }
     const std::string dir = save(s.cfg.out, step, v);
     prune(s.cfg.out, s.cfg.keep);
     return dir;
@@ -227,6 +243,35 @@ void restore_diloco(TrainBackend& be, const TrainSession& s, const LoadedCheckpo
   opt.set_step_count(std::stoll(step->second));
 }
 
+// Delayed mode: the next step computes with the weights the checkpoint kept for it. A checkpoint
+// of exact mode has none: the first step after the resume then computes with master, as the
+// first step of a fresh run does (the delay starts over). Exact mode ignores them: it computes
+// with master.
+void restore_compute_weights(TrainBackend& be, const TrainSession& s, const LoadedCheckpoint& ck) {
+  const auto it = ck.data.tensor_files.find(kComputeWeightsFile);
+  if (!be.delayed_update()) {
+    if (ck.data.optimizer.value("delayed_update", false)) {
+      s.say("note: checkpoint " + ck.dir + " was written with GHT_OPT_DELAY=1; this run updates exactly and computes "
+            "with its master weights from the first step on");
+    }
+    return;
+  }
+  if (it == ck.data.tensor_files.end()) {
+    s.say("note: checkpoint " + ck.dir + " was written without GHT_OPT_DELAY: the first step after the resume computes "
+          "with its master weights, and the one-step delay starts from there");
+    return;
+  }
+  const auto& ts = be.tensors();
+  const CheckpointTensorFile& f = it->second;
+  GHT_EXPECTS(f.tensors.size() == ts.size(), "checkpoint " + ck.dir + ": " + kComputeWeightsFile + " holds " +
+                                                 std::to_string(f.tensors.size()) + " tensors; the model has " +
+                                                 std::to_string(ts.size()));
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    check_tensor(ck.dir, kComputeWeightsFile, f.tensors[r], ts[r]);
+    be.load_compute_weights(r, std::span<const float>(f.tensors[r].data.data(), f.tensors[r].data.size()));
+  }
+}
+
 void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl) {
   const CheckpointData& c = ck.data;
   const std::string& where = ck.dir;
@@ -274,6 +319,7 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
       opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
       be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
     }
+    restore_compute_weights(be, s, ck);
     opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
     if (saved_world != s.comm->size() && s.leader()) {
       log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
@@ -386,6 +432,9 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     if (cfg.diloco.on()) {
       dl = std::make_unique<Diloco>(be, s);
       lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank())};
+      GHT_EXPECTS(!be.delayed_update(), "GHT_OPT_DELAY=1 with DiLoCo (diloco.inner_steps=" +
+                                            std::to_string(cfg.diloco.inner_steps) +
+                                            "): the delayed update is not built for DiLoCo's inner steps; unset one");
       char buf[200];
       std::snprintf(buf, sizeof buf,
                     "DiLoCo: %d worker(s), an outer step every %lld inner steps (and after step %lld), outer lr %g, "
@@ -393,6 +442,11 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
                     s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
                     cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
       s.say(buf);
+    }
+    if (be.delayed_update()) {
+      lo.tensor_files.push_back(kComputeWeightsFile);
+      s.say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights after update "
+            "k-1 while update k runs; evals see those weights, checkpoints keep them next to master");
     }
     if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
       restore(be, s, *ck, dl.get());
@@ -526,6 +580,14 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
   summary.last_step = s.step;
   be.finish(ok);
   return summary;
+}
+
+void TrainBackend::read_compute_weights(std::size_t /*r*/, std::span<float> /*out*/) {
+  throw ght::logic_error("the " + name() + " backend has no delayed update (GHT_OPT_DELAY)");
+}
+
+void TrainBackend::load_compute_weights(std::size_t /*r*/, std::span<const float> /*w*/) {
+  throw ght::logic_error("the " + name() + " backend has no delayed update (GHT_OPT_DELAY)");
 }
 
 }  // namespace ght::trainer

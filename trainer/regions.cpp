@@ -201,6 +201,7 @@ std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
 
 void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) {
   options.recompute_scratch_bytes = activation_sizes(c).recompute_scratch;
+  options.delayed_update_hbm_bytes = delayed_update_hbm_bytes(c);
   options.host_state_hbm_bytes = 0;
   if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return;
   // One optimizer region per parameter tensor (the CUDA trainer's): the largest sizes the slots.
@@ -282,6 +283,14 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
 optimizer::GradType hbm_grad_type() {
   return config::cfg().get_string(config::Key::GHT_GRAD_ACCUM) == "bf16" ? optimizer::GradType::bf16
                                                                           : optimizer::GradType::fp32;
+}
+
+bool delayed_update() { return config::cfg().get_bool(config::Key::GHT_OPT_DELAY); }
+
+std::uint64_t delayed_update_hbm_bytes(const ModelConfig& c) {
+  if (!delayed_update()) return 0;
+  const std::uint64_t params = static_cast<std::uint64_t>(c.total_params());
+  return params * (sizeof(std::uint16_t) + optimizer::grad_type_size(hbm_grad_type()));
 }
 
 double model_step_flops(const ModelConfig& c) {

@@ -71,8 +71,8 @@ inline constexpr int kCudaLossSlots = 64;
 [[nodiscard]] std::string plan_group_of(std::string_view tensor);
 [[nodiscard]] std::string plan_region_of(std::string_view tensor, ght::TensorClass cls);
 
-/// The CUDA trainer's fixed HBM costs that depend on the placement, set in `options`:
-/// host_state_hbm_bytes (the optimizer's dma slots while any master/m/v region is on the host,
+/// The CUDA trainer's fixed HBM costs, set in `options`: delayed_update_hbm_bytes (always, when
+/// GHT_OPT_DELAY is on), host_state_hbm_bytes (the optimizer's dma slots while any master/m/v region is on the host,
 /// when GHT_OPT_LINK_MODE resolves to dma) and recompute_scratch_bytes (one layer's buffers while
 /// any layer is recomputed). `ght plan` and `ght train` both call it, so they plan alike.
 void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg);
@@ -80,6 +80,12 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 /// The element type of the gradients the CUDA trainer accumulates in HBM (GHT_GRAD_ACCUM): what
 /// the model allocates and what the plan counts.
 [[nodiscard]] optimizer::GradType hbm_grad_type();
+
+/// GHT_OPT_DELAY: the one-step-delayed update (trainer/README.md).
+[[nodiscard]] bool delayed_update();
+/// HBM the CUDA trainer's delayed update holds (a second bf16 weight buffer and a second
+/// gradient buffer of hbm_grad_type()); 0 when GHT_OPT_DELAY is off.
+[[nodiscard]] std::uint64_t delayed_update_hbm_bytes(const ModelConfig& cfg);
 
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);

@@ -13,6 +13,7 @@
 #include "trainer/dist/launch.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/model.hpp"
+#include "trainer/regions.hpp"
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -79,6 +80,14 @@ class CpuBackend final : public TrainBackend {
     std::copy(w.begin(), w.end(), model_.params().begin() + tensors()[r].offset);
   }
 
+  // Delayed mode: the model's fp32 parameters are the compute weights (master one update ahead).
+  [[nodiscard]] bool delayed_update() const override { return delay_; }
+  void read_compute_weights(std::size_t r, std::span<float> out) override {
+    const auto p = model_.params().subspan(tensors()[r].offset, tensors()[r].numel);
+    std::copy(p.begin(), p.end(), out.begin());
+  }
+  void load_compute_weights(std::size_t r, std::span<const float> w) override { load_weights(r, w); }
+
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
     (void)step;
     const ModelConfig& mc = cfg_.model;
@@ -111,9 +120,12 @@ class CpuBackend final : public TrainBackend {
       o.aux_loss = losses[1];
     }
     // Norm, clip and update (data parallel: the same on every rank, the same gradients and
-    // state); the model computes on the fp32 master copy itself.
+    // state); the model computes on the fp32 master copy itself: after this update in exact
+    // mode, before it in delayed mode (the next step then computes with master after update
+    // k-1; the CPU has nothing to overlap, the semantics are the CUDA backend's).
+    if (delay_) copy_master_to_params();
     const optimizer::StepResult sr = opt_->step(lr);
-    copy_master_to_params();
+    if (!delay_) copy_master_to_params();
     o.grad_norm = sr.grad_norm;
     if (N > 1 && local) {  // the record shows the means over the workers
       double m[3] = {o.loss, o.aux_loss, o.grad_norm};
@@ -169,6 +181,7 @@ class CpuBackend final : public TrainBackend {
   std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
   std::unique_ptr<optimizer::AdamW> opt_;
   Batch batch_;
+  bool delay_ = trainer::delayed_update();  // GHT_OPT_DELAY
 };
 
 }  // namespace

@@ -849,6 +849,13 @@ std::size_t CudaMoEModel::num_params() const { return impl_->n; }
 cudaStream_t CudaMoEModel::stream() const { return impl_->stream; }
 __nv_bfloat16* CudaMoEModel::weights() { return impl_->W; }
 void* CudaMoEModel::grads() { return impl_->G; }
+std::pair<__nv_bfloat16*, void*> CudaMoEModel::swap_buffers(__nv_bfloat16* weights, void* grads) {
+  GHT_EXPECTS(weights != nullptr && grads != nullptr, "CudaMoEModel::swap_buffers: null buffer");
+  const std::pair<__nv_bfloat16*, void*> old{impl_->W, impl_->G};
+  impl_->W = weights;
+  impl_->G = grads;
+  return old;
+}
 optimizer::GradType CudaMoEModel::grad_type() const { return impl_->opts.grad_type; }
 int CudaMoEModel::num_units() const { return impl_->cfg.layers + 2; }
 void CudaMoEModel::set_hooks(Hooks hooks) { impl_->hooks = std::move(hooks); }

@@ -119,6 +119,13 @@ class CudaMoEModel {
   /// (num_params) gradients in HBM, element type grad_type().
   [[nodiscard]] void* grads();
   [[nodiscard]] optimizer::GradType grad_type() const;
+  /**
+   * @brief Compute with `weights` and accumulate into `grads` from now on; returns the pair used
+   * so far. Both are HBM buffers of the caller's, of weights()' and grads()' sizes and types, and
+   * must outlive their use. The caller orders the switch against work queued on stream() (the
+   * trainer's delayed update alternates two pairs, trainer/cuda/train_cuda.cpp).
+   */
+  std::pair<__nv_bfloat16*, void*> swap_buffers(__nv_bfloat16* weights, void* grads);
 
   /// Number of units (layers + 2) and the flat element range [first, second) of one.
   [[nodiscard]] int num_units() const;

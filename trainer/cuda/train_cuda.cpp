@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include "alloc/tiered.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw.hpp"
+#include "optimizer/bf16.hpp"
 #include "tier/config.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -116,6 +118,8 @@ struct StepEvents {
   std::vector<bool> waited;
   Event opt_start, opt_end;
   bool opt_timed = false;
+  Event rotate_before, rotate_after;  // delayed mode: the wait for the previous update
+  bool rotated = false;
 };
 
 struct StepProfile {
@@ -174,6 +178,7 @@ class CudaRun final : public TrainBackend {
   ~CudaRun() override {
     // Pending updates read gradients and write weights: finish them before anything is freed.
     try {
+      join_update();
       if (opt_) opt_->synchronize();
     } catch (...) {
     }
@@ -193,6 +198,9 @@ class CudaRun final : public TrainBackend {
   [[nodiscard]] optimizer::AdamW& optimizer() override { return *opt_; }
   void init_weights(std::uint64_t seed) override;
   void load_weights(std::size_t r, std::span<const float> w) override;
+  [[nodiscard]] bool delayed_update() const override { return delay_; }
+  void read_compute_weights(std::size_t r, std::span<float> out) override;
+  void load_compute_weights(std::size_t r, std::span<const float> w) override;
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override;
   double eval_loss(const Batch& b) override;
   void on_start(MetricsLogger& log) override;
@@ -220,6 +228,14 @@ class CudaRun final : public TrainBackend {
     }
     return b;
   }
+  /// Delayed mode, after a step's backward: wait for the previous update, give the model the
+  /// weights it wrote and the gradient buffer it read, and point the optimizer at the others.
+  void rotate_delayed_buffers();
+  /// Delayed mode: launch every region's update from a thread of its own (the dma path's
+  /// launches block on a full queue for most of the update; the next step's must not wait).
+  void launch_update_async();
+  /// Wait for the update thread's launches; rethrows its error.
+  void join_update();
   void before_unit_forward(int u);
   void after_unit_backward(int u);
   void stream_unit(int u);
@@ -271,6 +287,15 @@ class CudaRun final : public TrainBackend {
   std::uint64_t trace_start_ns_ = 0;
   std::string mfu_formula_;
   bool extra_work_since_last_step_ = false;
+  // GHT_OPT_DELAY=1 (trainer/README.md): two weight and gradient buffers; the model computes
+  // with one pair while the update of the previous step reads the other's gradient and writes
+  // its weights.
+  bool delay_ = false;
+  int device_ = 0;
+  alloc::unique_block delay_w_, delay_g_;  // the second pair
+  __nv_bfloat16* other_w_ = nullptr;       // the pair the model does not use now
+  void* other_g_ = nullptr;
+  std::future<void> update_;  // the update thread's launches
 };
 
 void CudaRun::setup() {
@@ -286,6 +311,7 @@ void CudaRun::setup() {
   GHT_EXPECTS(dev < devices, "GHT_DEVICE=" + std::to_string(dev) + " but only " + std::to_string(devices) +
                                  " CUDA device(s) exist");
   GHT_CUDA_TRY(cudaSetDevice(dev));
+  device_ = dev;
   cudaDeviceProp prop{};
   GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
 
@@ -339,6 +365,21 @@ void CudaRun::setup() {
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
+  delay_ = delayed_update();
+  if (delay_) {
+    if (stream_grads_) {
+      throw config_error("GHT_OPT_DELAY=1: the plan streams the gradients to a host accumulator (HBM is short), "
+                         "and the delayed update needs a second gradient buffer in HBM; raise the HBM budget "
+                         "(GHT_HBM_BUDGET), shrink the model, or unset GHT_OPT_DELAY");
+    }
+    const std::size_t n = model_->num_params();
+    delay_w_ = alloc::unique_block(*alloc_, n * sizeof(__nv_bfloat16),
+                                   {TensorClass::weight, "model.weights_delayed", TierKind::hbm, false});
+    delay_g_ = alloc::unique_block(*alloc_, n * optimizer::grad_type_size(model_->grad_type()),
+                                   {TensorClass::grad, "model.grads_delayed", TierKind::hbm, false});
+    other_w_ = delay_w_.as<__nv_bfloat16>();
+    other_g_ = delay_g_.get();
+  }
   for (int u = 0; u < U; ++u) unit_range_.push_back(model_->unit_range(u));
 
   // ---- the optimizer ----
@@ -430,7 +471,11 @@ void CudaRun::setup() {
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
-  if (opt_->speculate_capacity() > 0 && !stream_grads_) {
+  if (delay_) {
+    say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): launched from its own thread after each step's "
+        "backward, it runs during the next step's forward and backward; second weight and gradient buffers " +
+        config::format_bytes(delay_w_.bytes() + delay_g_.bytes()) + " of HBM");
+  } else if (opt_->speculate_capacity() > 0 && !stream_grads_) {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
         config::format_bytes(opt_->speculate_capacity()) +
         " HBM undo arena (GHT_OPT_SPECULATE); a clipped or skipped step undoes them exactly");
@@ -451,12 +496,33 @@ void CudaRun::init_weights(std::uint64_t seed) {
   // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
   const auto& ts = model_->tensors();
   init_params_host(ts, seed, [&](std::size_t r, std::span<const float> v) {
-    model_->load_weights(ts[r].offset, v);
+    load_weights(r, v);
     opt_->load_state(r, v.data(), nullptr, nullptr);
   });
 }
 
+// Delayed mode: the other weight buffer gets the same values, the weights the update of the
+// step before would have written (the first two steps both compute with the initial weights).
 void CudaRun::load_weights(std::size_t r, std::span<const float> w) {
+  const std::size_t off = model_->tensors()[r].offset;
+  model_->load_weights(off, w);
+  if (delay_) {
+    GHT_CUDA_TRY(cudaMemcpy(other_w_ + off, model_->weights() + off, w.size() * sizeof(__nv_bfloat16),
+                            cudaMemcpyDeviceToDevice));
+  }
+}
+
+void CudaRun::read_compute_weights(std::size_t r, std::span<float> out) {
+  const NamedTensor& t = model_->tensors()[r];
+  GHT_EXPECTS(out.size() == t.numel, "read_compute_weights: " + std::to_string(out.size()) + " values for " + t.name);
+  std::vector<std::uint16_t> bits(t.numel);
+  GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
+  GHT_CUDA_TRY(cudaMemcpy(bits.data(), model_->weights() + t.offset, t.numel * sizeof(std::uint16_t),
+                          cudaMemcpyDeviceToHost));
+  for (std::size_t i = 0; i < t.numel; ++i) out[i] = optimizer::bf16_bits_to_float(bits[i]);
+}
+
+void CudaRun::load_compute_weights(std::size_t r, std::span<const float> w) {
   model_->load_weights(model_->tensors()[r].offset, w);
 }
 
@@ -466,6 +532,7 @@ void CudaRun::on_start(MetricsLogger& log) {
 }
 
 void CudaRun::synchronize() {
+  join_update();
   opt_->synchronize();
   GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
 }
@@ -473,6 +540,7 @@ void CudaRun::synchronize() {
 bool CudaRun::recover_after_failed_step() {
   // An update launched during the failed step's backward (speculation) is undone exactly.
   try {
+    join_update();
     opt_->cancel_speculation();
     opt_->synchronize();
   } catch (const std::exception&) {
@@ -492,7 +560,8 @@ void CudaRun::before_unit_forward(int u) {
   const cudaStream_t s = model_->stream();
   const auto uu = static_cast<std::size_t>(u);
   // Later micro-batches are ordered after micro-batch 0 on the same stream: one wait suffices.
-  if (opt_launched_ && (!training_ || micro_ == 0)) {
+  // Delayed mode: the update in flight writes the weights the model does not use.
+  if (opt_launched_ && !delay_ && (!training_ || micro_ == 0)) {
     // The unit's weights are final once every one of its regions' last chunk is written.
     const bool timed = training_;
     if (timed) cur_->wait_before[uu].record(s);
@@ -650,7 +719,8 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
   // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
   // Streamed gradients live on the host, where speculate_region cannot use them.
-  speculate_now_ = opt_->speculate_capacity() > 0 && !stream_grads_ && opt_->stats().last_clip_coef == 1.0;
+  speculate_now_ =
+      opt_->speculate_capacity() > 0 && !stream_grads_ && !delay_ && opt_->stats().last_clip_coef == 1.0;
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63). The
@@ -677,19 +747,25 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
+  cur_->rotated = false;
+  if (delay_) rotate_delayed_buffers();
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
   const bool gpu_opt = opt_->stream() != nullptr;
   if (gpu_opt) cur_->opt_start.record(opt_->stream());
   if (tracer_) tracer_->set_op(kOpUpdate);
-  for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
-  if (gpu_opt) {
-    for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-      GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
+  if (delay_) {
+    launch_update_async();
+  } else {
+    for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
+    if (gpu_opt) {
+      for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+        GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
+      }
+      cur_->opt_end.record(timer_stream_);
+      cur_->opt_timed = true;
     }
-    cur_->opt_end.record(timer_stream_);
-    cur_->opt_timed = true;
   }
   opt_launched_ = true;
   const double opt_host_ms =
@@ -723,6 +799,45 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   return o;
 }
 
+void CudaRun::rotate_delayed_buffers() {
+  const cudaStream_t s = model_->stream();
+  join_update();
+  // The compute stream waits for the previous update: it wrote other_w_ and read other_g_.
+  // (Before the first update no event was recorded: nothing to wait for.)
+  cur_->rotate_before.record(s);
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+  cur_->rotate_after.record(s);
+  cur_->rotated = true;
+  const auto [w, g] = model_->swap_buffers(other_w_, other_g_);
+  other_w_ = w;  // the weights this step computed with: the update writes the next ones there
+  other_g_ = g;  // this step's gradients: the update reads them there
+  const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
+  const auto& ts = model_->tensors();
+  for (std::size_t r = 0; r < ts.size(); ++r) {
+    opt_->set_grad(r, static_cast<const char*>(other_g_) + ts[r].offset * gsize, model_->grad_type());
+    opt_->set_weight(r, other_w_ + ts[r].offset);
+  }
+}
+
+void CudaRun::launch_update_async() {
+  StepEvents* ev = cur_;
+  ev->opt_timed = opt_->stream() != nullptr;
+  update_ = std::async(std::launch::async, [this, ev] {
+    GHT_CUDA_TRY(cudaSetDevice(device_));
+    for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
+    if (ev->opt_timed) {
+      for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+        GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
+      }
+      ev->opt_end.record(timer_stream_);
+    }
+  });
+}
+
+void CudaRun::join_update() {
+  if (update_.valid()) update_.get();
+}
+
 // Every compute-stream event of the step has completed: begin_step waited for them.
 StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, double opt_host_ms) {
   const ModelConfig& mc = cfg_.model;
@@ -739,6 +854,7 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
     if (cur_->waited[u]) p.opt_stall_ms += elapsed_ms(cur_->wait_before[u], cur_->wait_after[u]);
   }
   p.forward_ms -= p.opt_stall_ms;
+  if (cur_->rotated) p.opt_stall_ms += elapsed_ms(cur_->rotate_before, cur_->rotate_after);
   if (prev_ != nullptr) {
     // An eval or a checkpoint between the steps is not optimizer time: leave that gap out.
     if (!extra_work_since_last_step_) {

@@ -1,0 +1,182 @@
+// GHT_OPT_DELAY=1, the one-step-delayed update, through the training loop on both backends:
+//   - step k+1 computes with the weights after update k-1: the compute weights a checkpoint of
+//     step k keeps are the master weights of the checkpoint of step k-1 (cpu: the same fp32
+//     values; cuda: those rounded to bf16, as every compute weight is), and step 2 computes with
+//     the initial weights, so its loss is that of an exact run whose first update changed nothing
+//     (lr 1e-30);
+//   - step 1 is the exact run's step 1;
+//   - stopping and resuming matches an uninterrupted delayed run bit for bit (losses and every
+//     checkpoint file);
+//   - checkpoints of one mode resume in the other with a note that says what happens.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/gpu.hpp"
+#include "common/registry.hpp"
+#include "common/temp_dir.hpp"
+#include "trainer/checkpoint.hpp"
+#include "trainer/file_io.hpp"
+#include "trainer/train.hpp"
+#include "trainer/train_run_util.hpp"
+
+using namespace ght::trainer;
+
+namespace {
+
+constexpr const char* kComputeWeights = "delayed.compute_weights.safetensors";
+
+TrainRunOptions quiet(const std::string& resume = "", std::optional<std::int64_t> stop_at = std::nullopt) {
+  TrainRunOptions r;
+  r.quiet = true;
+  r.resume = resume;
+  r.stop_at = stop_at;
+  return r;
+}
+
+std::string ckpt(const std::string& run, std::int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "/ckpt_%08lld", static_cast<long long>(step));
+  return run + b;
+}
+
+// Round to the nearest bf16, ties to even (what the GPU's weights hold of a master value).
+float bf16_round(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+class DelayedUpdate : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (std::string(GetParam()) == "cuda") GHT_REQUIRE_GPU();
+    test::write_random_corpus(tmp_ / "data", 40000, 4000);
+  }
+  [[nodiscard]] TrainConfig config(const std::string& name) const {
+    TrainConfig c = test::tiny_cpu_run_config(tmp_ / "data", tmp_ / name);
+    c.backend = GetParam();
+    c.ckpt_every = 1;
+    c.keep = 100;  // every checkpoint stays
+    return c;
+  }
+  [[nodiscard]] bool gpu() const { return std::string(GetParam()) == "cuda"; }
+  ght::test::TempDir tmp_{"ght_delayed_update_test"};
+};
+
+TEST_P(DelayedUpdate, StepKPlusOneComputesWithTheWeightsAfterUpdateKMinusOne) {
+  ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+  const TrainConfig cfg = config("delayed");
+  (void)train(cfg, quiet());
+  LoadOptions lo;
+  lo.tensor_files = {kComputeWeights};
+  for (std::int64_t k = 1; k <= cfg.steps; ++k) {
+    const CheckpointData now = load(ckpt(cfg.out, k), lo);
+    ASSERT_EQ(now.optimizer.value("delayed_update", false), true);
+    ASSERT_EQ(now.tensor_files.count(kComputeWeights), 1u) << ckpt(cfg.out, k) << " has no " << kComputeWeights;
+    const auto& w = now.tensor_files.at(kComputeWeights).tensors;
+    // The compute weights of step k are master after update k-1; before step 2, the initial
+    // weights (update 0 = none): step 1's checkpoint then holds its own master's predecessor,
+    // which only an earlier checkpoint has, so k = 1 is compared with itself below.
+    if (k == 1) continue;
+    const CheckpointData before = load(ckpt(cfg.out, k - 1));
+    ASSERT_EQ(w.size(), before.master.size());
+    std::size_t differ = 0, total = 0;
+    for (std::size_t r = 0; r < w.size(); ++r) {
+      ASSERT_EQ(w[r].name, before.master[r].name);
+      for (std::size_t i = 0; i < w[r].data.size(); ++i) {
+        const float want = gpu() ? bf16_round(before.master[r].data[i]) : before.master[r].data[i];
+        differ += std::memcmp(&w[r].data[i], &want, 4) != 0;
+        ++total;
+      }
+    }
+    EXPECT_EQ(differ, 0u) << "step " << k << ": " << differ << " of " << total
+                          << " compute weights are not master of step " << k - 1;
+    // ...and not master of step k (the update of step k is not applied yet).
+    const CheckpointData& mine = now;
+    std::size_t same = 0;
+    for (std::size_t r = 0; r < w.size(); ++r) {
+      for (std::size_t i = 0; i < w[r].data.size(); ++i) {
+        const float m = gpu() ? bf16_round(mine.master[r].data[i]) : mine.master[r].data[i];
+        same += std::memcmp(&w[r].data[i], &m, 4) == 0;
+      }
+    }
+    EXPECT_LT(same, total) << "step " << k << ": the compute weights already are master of step " << k;
+  }
+}
+
+TEST_P(DelayedUpdate, StepOneIsExactAndStepTwoSeesTheInitialWeights) {
+  const TrainConfig exact_cfg = config("exact");
+  (void)train(exact_cfg, quiet("", 2));
+  // The first update moves nothing, so step 2 computes with the initial weights: lr 1e-30 changes
+  // no weight of magnitude above ~1e-22 (fp32 keeps 24 bits), and the init draws none that small.
+  TrainConfig frozen = config("lr0");
+  frozen.schedule.kind = ScheduleKind::constant;
+  frozen.schedule.lr = 1e-30;
+  frozen.schedule.min_lr = 1e-30;
+  frozen.schedule.warmup_steps = 0;
+  (void)train(frozen, quiet("", 2));
+  {
+    ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+    (void)train(config("delayed"), quiet("", 2));
+  }
+  const auto exact = test::read_log(tmp_ / "exact").loss, lr0 = test::read_log(tmp_ / "lr0").loss,
+             delayed = test::read_log(tmp_ / "delayed").loss;
+  ASSERT_EQ(delayed.size(), 2u);
+  EXPECT_EQ(delayed.at(1), exact.at(1));  // bit-identical
+  EXPECT_EQ(delayed.at(2), lr0.at(2));
+  EXPECT_NE(delayed.at(2), exact.at(2));  // the exact step 2 computes after update 1
+}
+
+TEST_P(DelayedUpdate, StopAndResumeMatchesAStraightRunByteForByte) {
+  ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+  const TrainConfig straight = config("straight"), cfg = config("resumed");
+  (void)train(straight, quiet());
+  (void)train(cfg, quiet("", 3));
+  const TrainSummary s = train(cfg, quiet("auto"));
+  EXPECT_EQ(s.first_step, 3);
+  EXPECT_EQ(s.last_step, 6);
+  const auto a = test::read_log(straight.out).loss, b = test::read_log(cfg.out).loss;
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;  // bit-identical
+  for (const char* f : {"optimizer.master.safetensors", "optimizer.m.safetensors", "optimizer.v.safetensors",
+                        "model.safetensors", kComputeWeights}) {
+    EXPECT_EQ(ght::trainer::fileio::read_all(ckpt(straight.out, 6) + "/" + f),
+              ght::trainer::fileio::read_all(ckpt(cfg.out, 6) + "/" + f))
+        << f << " differs between the straight and the resumed run";
+  }
+}
+
+TEST_P(DelayedUpdate, ACheckpointOfTheOtherModeResumesWithANote) {
+  const TrainConfig exact = config("exact");
+  (void)train(exact, quiet("", 2));
+  {
+    ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+    TrainRunOptions r = quiet(ckpt(exact.out, 2), 3);
+    r.quiet = false;
+    ::testing::internal::CaptureStdout();
+    (void)train(config("to_delayed"), r);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find("was written without GHT_OPT_DELAY: the first step after the resume computes with its master"),
+              std::string::npos)
+        << out;
+  }
+  TrainRunOptions r = quiet(ckpt(tmp_ / "to_delayed", 3), 4);
+  r.quiet = false;
+  ::testing::internal::CaptureStdout();
+  (void)train(config("back_to_exact"), r);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("was written with GHT_OPT_DELAY=1; this run updates exactly"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DelayedUpdate, ::testing::Values("cpu", "cuda"),
+                         [](const auto& info) { return std::string(info.param); });
+
+}  // namespace
