@@ -72,6 +72,12 @@ note "small on the GPU, 20 steps, attention $other_att (bf16 noise reference)"
 GHT_ATTENTION=$other_att run_logged train_small_gpu_noise 180 "$GHT" train --config configs/small.toml \
   --out "$RUNS/small-gpu-noise" --backend cuda --stop-at 20 -o train.log_every=1
 
+# Issue 14's convergence check of the one-step-delayed update: the same 300 steps, GHT_OPT_DELAY=1.
+note "small on the GPU, 300 steps, one-step-delayed update (GHT_OPT_DELAY=1)"
+GHT_OPT_DELAY=1 run_logged train_small_gpu_delay 240 "$GHT" train --config configs/small.toml \
+  --out "$RUNS/small-gpu-delay" --backend cuda --profile-steps 20
+cp "$RUNS/small-gpu-delay/profile.json" "$RES/train_small_gpu_delay_profile.json" 2>/dev/null
+
 tiny_log=runs/tiny-demo/log.jsonl
 if ! grep -q '"type":"eval"' "$tiny_log" 2>/dev/null; then
   note "tiny CPU demo (scripts/demo.sh settings) for the reference eval loss"
@@ -213,6 +219,16 @@ if "learn" in parts:
         ok &= g < t
     else:
         print("final eval loss: missing (see the logs)")
+    ev_delay = records(f"{runs}/small-gpu-delay/log.jsonl", "eval")
+    if ev_gpu and ev_delay:
+        g, d = ev_gpu[-1]["eval_loss"], ev_delay[-1]["eval_loss"]
+        rel = (d - g) / g
+        summary.update({"small_gpu_delay_eval_loss": d, "small_gpu_delay_eval_step": ev_delay[-1]["step"],
+                        "small_gpu_delay_rel_to_exact": rel})
+        print(f"delayed update (GHT_OPT_DELAY=1): eval loss {d:.4f} at step {ev_delay[-1]['step']} vs exact {g:.4f} "
+              f"-> {100 * rel:+.2f}% ({'within' if abs(rel) <= 0.01 else 'OUTSIDE'} the 1% of issue 14)")
+    else:
+        print("delayed update: eval loss missing (see train_small_gpu_delay.log)")
         ok = False
 if "bench" in parts:
     print()
