@@ -187,7 +187,8 @@ struct KernelTracer::Impl {
   std::map<std::string, std::int64_t, std::less<>> calls;
   bool pushed = false;
   std::vector<CUpti_ActivityKind> enabled;
-  std::vector<alloc::unique_block> pool;  // the record buffers, from the run's allocator
+  std::shared_ptr<alloc::tiered_allocator> alloc;  // kept alive while its blocks are
+  std::vector<alloc::unique_block> pool;            // the record buffers, from `alloc`
   std::vector<std::uint8_t*> free_list;
 
   // Everything CUPTI-side undone, ignoring errors: for the destructor and a failed start.
@@ -213,6 +214,7 @@ struct KernelTracer::Impl {
 KernelTracer::KernelTracer(std::shared_ptr<alloc::tiered_allocator> alloc) : impl_(std::make_unique<Impl>()) {
   GHT_EXPECTS(alloc != nullptr, "KernelTracer: null allocator");
   // Every buffer is taken now, before any activity is enabled (see g_free).
+  impl_->alloc = alloc;
   for (std::size_t i = 0; i < kPoolBuffers; ++i) {
     auto& b = impl_->pool.emplace_back(*alloc, kBufferBytes,
                                        alloc::AllocRequest{TensorClass::other, "kernel_trace.cupti_buffers", TierKind::host, false});

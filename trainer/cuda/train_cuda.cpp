@@ -365,7 +365,7 @@ void CudaRun::setup() {
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
-  delay_ = delayed_update();
+  delay_ = trainer::delayed_update();  // GHT_OPT_DELAY (the member of that name reports it)
   if (delay_) {
     if (stream_grads_) {
       throw config_error("GHT_OPT_DELAY=1: the plan streams the gradients to a host accumulator (HBM is short), "
