@@ -82,3 +82,50 @@ if(GHT_WITH_CUTLASS AND GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" I
   endif()
 endif()
 message(STATUS "ghtier: CUTLASS ${GHT_HAVE_CUTLASS} (${GHT_CUTLASS_INCLUDE})")
+
+# NCCL (optional): GPU collectives for the CUDA backend's data parallel (trainer/dist/nccl).
+# Looked for in GHT_NCCL_DIR, $NCCL_HOME / $NCCL_ROOT, the system, .pydeps/nvidia/nccl
+# (scripts/install-deps.sh installs the nvidia-nccl-cu13 wheel there), then the nvidia.nccl
+# package of python3 (PyTorch brings one). The wheel's lib/ holds only libnccl.so.2 (no
+# unversioned libnccl.so), hence the second name. GHT_HAVE_NCCL needs CUDA as well.
+set(GHT_NCCL_DIR "" CACHE PATH "NCCL prefix (the directory holding include/nccl.h and lib/libnccl.so*)")
+option(GHT_WITH_NCCL "Build the NCCL GPU communicator when NCCL is found" ON)
+set(GHT_HAVE_NCCL OFF)
+if(GHT_WITH_NCCL AND GHT_HAVE_CUDA)
+  set(_ght_nccl_hints ${GHT_NCCL_DIR} $ENV{NCCL_HOME} $ENV{NCCL_ROOT})
+  set(_ght_nccl_late ${PROJECT_SOURCE_DIR}/.pydeps/nvidia/nccl)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    # nvidia.nccl is a namespace package: no __file__, its directory is __path__[0].
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
+                    OUTPUT_VARIABLE _ght_nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    list(APPEND _ght_nccl_late ${_ght_nccl_py})
+  endif()
+  # Hints first (explicit choices), then the system and the CUDA toolkit, then the wheels.
+  find_path(GHT_NCCL_INCLUDE_DIR nccl.h HINTS ${_ght_nccl_hints} PATH_SUFFIXES include
+            PATHS ${CUDAToolkit_INCLUDE_DIRS} ${_ght_nccl_late})
+  # The library beside that header first (a wheel's header with the system's library would
+  # mismatch), then anywhere; per directory, either name.
+  if(GHT_NCCL_INCLUDE_DIR)
+    get_filename_component(_ght_nccl_prefix ${GHT_NCCL_INCLUDE_DIR} DIRECTORY)
+    find_library(GHT_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_ght_nccl_prefix}
+                 PATH_SUFFIXES lib lib64 lib/${CMAKE_LIBRARY_ARCHITECTURE} NO_DEFAULT_PATH)
+  endif()
+  find_library(GHT_NCCL_LIBRARY NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${_ght_nccl_hints}
+               PATH_SUFFIXES lib lib64 PATHS ${CUDAToolkit_LIBRARY_DIR} ${_ght_nccl_late})
+  if(GHT_NCCL_INCLUDE_DIR AND GHT_NCCL_LIBRARY)
+    file(STRINGS ${GHT_NCCL_INCLUDE_DIR}/nccl.h _ght_nccl_v REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*" "\\1.\\2.\\3"
+           GHT_NCCL_VERSION "${_ght_nccl_v}")
+    # Non-blocking communicators (ncclConfig_t, ncclCommGetAsyncError polling) need 2.14.
+    if(GHT_NCCL_VERSION VERSION_LESS 2.14)
+      message(STATUS "ghtier: NCCL ${GHT_NCCL_VERSION} at ${GHT_NCCL_INCLUDE_DIR} is older than 2.14; not used")
+    else()
+      # The library only: trainer/CMakeLists.txt gives the header to the files that include it.
+      add_library(ght_nccl INTERFACE)
+      target_link_libraries(ght_nccl INTERFACE ${GHT_NCCL_LIBRARY})
+      set(GHT_HAVE_NCCL ON)
+    endif()
+  endif()
+endif()
+message(STATUS "ghtier: NCCL ${GHT_HAVE_NCCL} (${GHT_NCCL_VERSION} ${GHT_NCCL_LIBRARY})")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ghtier builds against, and only those that are missing, plus the
-# header-only CUTLASS from PyPI (the nvidia-cutlass wheel, into .pydeps/ of the checkout, where
-# CMake looks; no Python environment is touched). Running it a second time installs nothing.
-# Needs root (or sudo) when a Debian package is missing. Without nvcc CUTLASS is not fetched
-# (nothing would use it); a failed fetch only warns: the build then keeps its non-CUTLASS paths.
+# header-only CUTLASS and NCCL from PyPI (the nvidia-cutlass and nvidia-nccl-cu13 wheels, into
+# .pydeps/ of the checkout, where CMake looks; no Python environment is touched). Running it a
+# second time installs nothing. Needs root (or sudo) when a Debian package is missing. Without
+# nvcc neither wheel is fetched (nothing would use them); a failed fetch only warns: the build
+# then keeps its non-CUTLASS paths, or runs the CUDA backend as one process (no NCCL).
 #
 # Usage: scripts/install-deps.sh [--check]
 #   --check   only report what is missing; exit 1 if anything is.
@@ -17,23 +18,41 @@ pkgs=(
   libopenmpi-dev openmpi-bin
 )
 
+# Wheels from PyPI, each into .pydeps/ of the checkout (pip --target; no Python environment is
+# touched), each with a version marker .pydeps/.<name>-version so a second run fetches nothing.
+#   nvidia-cutlass     CUTLASS headers (.pydeps/cutlass_library/source/include)
+#   nvidia-nccl-cu13   NCCL (.pydeps/nvidia/nccl/{include,lib}; the wheel's lib holds only
+#                      libnccl.so.2), for the CUDA backend's data parallel (trainer/dist/nccl)
 cutlass_version=4.2.0.0
+nccl_version=2.32.3
 root=$(cd "$(dirname "$0")/.." && pwd)
 pydeps=$root/.pydeps
-install_cutlass() {
-  local have
-  have=$(cat "$pydeps/.cutlass-version" 2>/dev/null || true)
-  [ "$have" = "$cutlass_version" ] && return 0
+# install_wheel MARKER PACKAGE VERSION TOP WHAT [--check]: TOP is the top-level directory the
+# wheel installs (replaced as a whole, so an older version leaves nothing behind).
+install_wheel() {
+  local marker=$1 pkg=$2 version=$3 top=$4 what=$5 mode=${6:-} have tmp
+  have=$(cat "$pydeps/.$marker-version" 2>/dev/null || true)
+  [ "$have" = "$version" ] && return 0
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
-  if [ "${1:-}" = "--check" ]; then echo "install-deps: missing: nvidia-cutlass==$cutlass_version (into .pydeps/)"; return 1; fi
-  if python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target "$pydeps.tmp" \
-       "nvidia-cutlass==$cutlass_version"; then
-    rm -rf "$pydeps" && mv "$pydeps.tmp" "$pydeps" && echo "$cutlass_version" > "$pydeps/.cutlass-version"
-    echo "install-deps: CUTLASS $cutlass_version headers in .pydeps/cutlass_library/source/include"
+  if [ "$mode" = "--check" ]; then echo "install-deps: missing: $pkg==$version (into .pydeps/)"; return 1; fi
+  tmp=$pydeps.tmp.$marker
+  rm -rf "$tmp"
+  if python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target "$tmp" \
+       "$pkg==$version"; then
+    mkdir -p "$pydeps"
+    rm -rf "${pydeps:?}/$top" "$pydeps"/"${pkg//-/_}"-*.dist-info
+    cp -a "$tmp"/. "$pydeps"/ && rm -rf "$tmp" && echo "$version" > "$pydeps/.$marker-version"
+    echo "install-deps: $what $version in .pydeps/$top"
   else
-    rm -rf "$pydeps.tmp"
-    echo "install-deps: WARNING: could not install nvidia-cutlass==$cutlass_version; building without CUTLASS" >&2
+    rm -rf "$tmp"
+    echo "install-deps: WARNING: could not install $pkg==$version; building without $what" >&2
   fi
+}
+install_wheels() {
+  local rc=0
+  install_wheel cutlass nvidia-cutlass "$cutlass_version" cutlass_library CUTLASS "${1:-}" || rc=1
+  install_wheel nccl nvidia-nccl-cu13 "$nccl_version" nvidia/nccl NCCL "${1:-}" || rc=1
+  return $rc
 }
 
 missing=()
@@ -45,7 +64,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#pkgs[@]} packages present"
-  install_cutlass "${1:-}"
+  install_wheels "${1:-}"
   exit $?
 fi
 echo "install-deps: missing: ${missing[*]}"
@@ -60,4 +79,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "install-deps: installed ${#missing[@]} packages"
-install_cutlass
+install_wheels

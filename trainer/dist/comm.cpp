@@ -74,8 +74,8 @@ std::unique_ptr<Communicator> make_communicator(const Launch& l, std::chrono::du
   if (timeout.count() <= 0) timeout = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   if (l.launcher == Launcher::torchrun) {
     throw ght::config_error("a torchrun-style launch of " + std::to_string(l.world_size) +
-                            " processes (RANK/WORLD_SIZE): no CPU transport for it yet (it needs NCCL, not built); "
-                            "launch the CPU backend with mpirun or srun instead");
+                            " processes (RANK/WORLD_SIZE/MASTER_ADDR): this build has no transport for it without MPI "
+                            "(no TCP store for MASTER_ADDR:MASTER_PORT); launch with mpirun or srun instead");
   }
 #ifdef GHT_HAVE_MPI
   return detail::make_mpi_communicator(l, timeout);

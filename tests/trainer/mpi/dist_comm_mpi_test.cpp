@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "tier/error.hpp"
 #include "trainer/dist/comm.hpp"
+#include "trainer/dist/gpu_comm.hpp"
 #include "trainer/dist/launch.hpp"
 
 namespace {
@@ -52,6 +54,39 @@ TEST(DistCommMpi, BroadcastFromEachRoot) {
     EXPECT_EQ(buf, "from root " + std::to_string(root));
   }
   g_comm->barrier();
+}
+
+// The GPU check of the NCCL set-up (trainer/dist/gpu_comm.hpp) over two real ranks, with made-up
+// GPUs: every rank gathers every rank's identity, and two ranks on one GPU fail on both.
+TEST(DistCommMpi, GpuIdentitiesGatherAndTwoRanksOnOneGpuFailOnEveryRank) {
+  const int me = g_comm->rank();
+  GpuIdentity mine;
+  mine.rank = me;
+  mine.host = "node-a";
+  mine.pci_bus_id = "0000:0" + std::to_string(me + 1) + ":00.0";
+  mine.uuid = "GPU-" + std::to_string(me);
+  mine.choice = {me, "local rank " + std::to_string(me) + " (OMPI_COMM_WORLD_LOCAL_RANK)", "0,1"};
+  const std::vector<GpuIdentity> all = gather_gpu_identities(*g_comm, mine);
+  ASSERT_EQ(all.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(all[static_cast<std::size_t>(r)].rank, r);
+    EXPECT_EQ(all[static_cast<std::size_t>(r)].uuid, "GPU-" + std::to_string(r));
+    EXPECT_EQ(all[static_cast<std::size_t>(r)].choice.device, r);
+  }
+  EXPECT_NO_THROW(check_distinct_gpus(all));
+  // GHT_DEVICE=0 exported to both ranks: the same GPU.
+  mine.pci_bus_id = "0000:01:00.0";
+  mine.uuid = "GPU-0";
+  mine.choice = {0, "GHT_DEVICE=0", ""};
+  const std::vector<GpuIdentity> same = gather_gpu_identities(*g_comm, mine);
+  try {
+    check_distinct_gpus(same);
+    ADD_FAILURE() << "two ranks on one GPU passed on rank " << me;
+  } catch (const ght::config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks 0 and 1 both use the GPU at PCI 0000:01:00.0 (GPU-0) on host node-a"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Last: it leaves rank 0's communicator failed. Rank 1 skips the barrier; rank 0 must time out
