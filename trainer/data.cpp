@@ -589,6 +589,18 @@ const std::vector<ShardInfo>& DataLoader::shards() const noexcept { return impl_
 std::int64_t DataLoader::windows_per_epoch() const noexcept { return impl_->total_windows; }
 std::int64_t DataLoader::tokens_per_epoch() const noexcept { return impl_->total_tokens; }
 
+void for_each_rank_batch(DataLoader& data, int per_rank, int rank, int ranks, Batch& b,
+                         const std::function<void(int, const Batch&)>& f) {
+  GHT_EXPECTS(ranks >= 1 && rank >= 0 && rank < ranks && per_rank >= 0,
+              "for_each_rank_batch: rank " + std::to_string(rank) + " of " + std::to_string(ranks) + ", " +
+                  std::to_string(per_rank) + " per rank");
+  const int total = ranks * per_rank;
+  for (int pos = 0; pos < total; ++pos) {
+    data.next(b);
+    if (pos % ranks == rank) f(pos / ranks, b);
+  }
+}
+
 // ---- prep ---------------------------------------------------------------------------------------
 
 namespace {

@@ -185,6 +185,16 @@ class DataLoader {
   std::unique_ptr<Impl> impl_;
 };
 
+/**
+ * @brief One optimizer step's micro-batches for rank `rank` of `ranks` (the contract of
+ * TrainBackend::step, trainer/loop.hpp): reads ranks·per_rank batches from `data` into `b`, so
+ * every rank's loader stays at the same position, and calls f(i, b) for this rank's i-th one
+ * (i = 0..per_rank-1): the batches at positions rank, rank+ranks, ... N ranks with A each thus
+ * read what one rank with N·A does, in the same order.
+ */
+void for_each_rank_batch(DataLoader& data, int per_rank, int rank, int ranks, Batch& b,
+                         const std::function<void(int, const Batch&)>& f);
+
 // ---- `ght prep` core ----------------------------------------------------------------------------
 
 struct PrepOptions {

@@ -10,6 +10,7 @@
 #include "optimizer/adamw.hpp"
 #include "tier/error.hpp"
 #include "trainer/dist/comm.hpp"
+#include "trainer/dist/gpu_comm.hpp"
 #include "trainer/dist/launch.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/model.hpp"
@@ -92,25 +93,20 @@ class CpuBackend final : public TrainBackend {
     (void)step;
     const ModelConfig& mc = cfg_.model;
     const int B = mc.micro_batch, T = mc.seq_len, N = comm_.size(), rank = comm_.rank();
-    // The step's N·A micro-batches; this rank computes positions rank, rank+N, ... and skips the
-    // others, so every rank's loader stays at the same position and N ranks with A micro-batches
-    // each read what one rank with N·A does, in the same order.
-    const int total = N * mc.grad_accum;
-    // Data parallel: one gradient over all N·A micro-batches, summed over ranks. DiLoCo: each
-    // rank is a worker whose gradient is the mean over its own A (trainer/diloco.hpp).
+    // Data parallel: one gradient over all N·A micro-batches (this rank computes positions rank,
+    // rank+N, ...: for_each_rank_batch), summed over ranks. DiLoCo: each rank is a worker whose
+    // gradient is the mean over its own A (trainer/diloco.hpp).
     const bool local = cfg_.diloco.on();
-    const int share = local ? mc.grad_accum : total;
+    const int share = local ? mc.grad_accum : N * mc.grad_accum;
     const auto t0 = std::chrono::steady_clock::now();
     StepOutcome o;
     model_.zero_grad();
-    for (int micro = 0; micro < total; ++micro) {
-      data.next(batch_);
-      if (micro % N != rank) continue;
-      const Loss l = model_.forward(batch_.inputs.data(), batch_.targets.data(), B, T);
+    for_each_rank_batch(data, mc.grad_accum, rank, N, batch_, [&](int, const Batch& b) {
+      const Loss l = model_.forward(b.inputs.data(), b.targets.data(), B, T);
       model_.backward(1.0f / static_cast<float>(share));
       o.loss += l.ce / share;
       o.aux_loss += l.aux / share;
-    }
+    });
     if (N > 1 && !local) {
       auto g = model_.grads();
       comm_.allreduce_sum(g.data(), g.size());
@@ -195,17 +191,14 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
     if (cfg.diloco.on()) {
       throw ght::config_error("diloco.inner_steps=" + std::to_string(cfg.diloco.inner_steps) + " with train.backend=" +
-                              cfg.backend + " (cuda): DiLoCo runs on the cpu backend only (the CUDA backend is one "
-                              "process until NCCL support exists); set train.backend=cpu or diloco.inner_steps=0");
+                              cfg.backend + " (cuda): DiLoCo runs on the cpu backend only (the CUDA backend's "
+                              "several processes are data parallel over NCCL, with no outer step yet); set "
+                              "train.backend=cpu or diloco.inner_steps=0");
     }
-    if (launch.world_size > 1) {
-      throw ght::config_error("train.backend=" + cfg.backend + " (cuda) in a launch of " +
-                              std::to_string(launch.world_size) + " processes (" + launch.describe() +
-                              "): the CUDA backend runs as one process until NCCL support exists; "
-                              "set train.backend=cpu for data parallel over MPI, or launch one process");
-    }
+    // Several processes need NCCL (GPU data) and MPI (its set-up): refused before anything runs.
+    dist::check_gpu_launch(launch, dist::have_nccl(), dist::have_mpi());
 #ifdef GHT_HAVE_CUDA
-    return train_cuda(cfg, run);
+    return train_cuda(cfg, run, dist::make_communicator(launch));
 #else
     throw ght::logic_error("train.backend=cuda: this build has no CUDA (nvcc was not found at configure time)");
 #endif

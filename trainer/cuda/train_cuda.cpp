@@ -31,12 +31,15 @@
 #include "tier/link.hpp"
 #include "tier/log.hpp"
 #include "tier/plan.hpp"
+#include "tier/topology.hpp"
 #include "trainer/checkpoint.hpp"
 #include "trainer/cuda/kernel_breakdown.hpp"
 #include "trainer/cuda/kernel_trace.hpp"
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/cuda/op_costs.hpp"
 #include "trainer/data.hpp"
+#include "trainer/dist/gpu_comm.hpp"
+#include "trainer/dist/launch.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/metrics_log.hpp"
@@ -236,6 +239,13 @@ class CudaRun final : public TrainBackend {
   void launch_update_async();
   /// Wait for the update thread's launches; rethrows its error.
   void join_update();
+  // Data parallel over NCCL (world size > 1): the functions of that section below.
+  [[nodiscard]] int select_device(int visible);
+  void start_data_parallel();
+  void check_data_parallel(const std::string& grad_mode) const;
+  void reduce_gradients();
+  void mean_over_ranks(double& loss, double& aux) const;
+  [[nodiscard]] bool data_parallel() const noexcept { return gpu_comm_ != nullptr; }
   void before_unit_forward(int u);
   void after_unit_backward(int u);
   void stream_unit(int u);
@@ -296,6 +306,8 @@ class CudaRun final : public TrainBackend {
   __nv_bfloat16* other_w_ = nullptr;       // the pair the model does not use now
   void* other_g_ = nullptr;
   std::future<void> update_;  // the update thread's launches
+  dist::GpuChoice gpu_choice_;
+  std::unique_ptr<dist::GpuCommunicator> gpu_comm_;  // world size > 1 only; goes first
 };
 
 void CudaRun::setup() {
@@ -307,11 +319,10 @@ void CudaRun::setup() {
     (void)cudaGetLastError();
     throw ght::logic_error("train.backend=cuda: no usable CUDA device");
   }
-  const auto dev = static_cast<int>(config::cfg().get_int(config::Key::GHT_DEVICE));
-  GHT_EXPECTS(dev < devices, "GHT_DEVICE=" + std::to_string(dev) + " but only " + std::to_string(devices) +
-                                 " CUDA device(s) exist");
+  const int dev = select_device(devices);
   GHT_CUDA_TRY(cudaSetDevice(dev));
   device_ = dev;
+  start_data_parallel();  // before the allocator: its HBM budget leaves NCCL's buffers out
   cudaDeviceProp prop{};
   GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
 
@@ -335,6 +346,7 @@ void CudaRun::setup() {
   if (grad_mode == "mixed") {
     say("note: the plan streams some gradient regions; the model has one gradient buffer, so all are streamed");
   }
+  check_data_parallel(grad_mode);
   recompute_.assign(static_cast<std::size_t>(mc.layers), false);
   for (int l = 0; l < mc.layers; ++l) {
     const tier::Decision* d = plan.find("layer" + std::to_string(l) + ".activation");
@@ -417,6 +429,7 @@ void CudaRun::setup() {
   optimizer::AdamWOptions ao;
   ao.hyper = cfg_.adam;
   ao.cpu_threads = cfg_.threads;
+  if (data_parallel()) ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
   opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, alloc_);
 
   // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
@@ -481,7 +494,9 @@ void CudaRun::setup() {
         " HBM undo arena (GHT_OPT_SPECULATE); a clipped or skipped step undoes them exactly");
   } else {
     say(std::string("optimizer: updates start after backward (") +
-        (stream_grads_ ? "gradients streamed to the host" : "no gpu_link region, or GHT_OPT_SPECULATE=0 / no HBM left") +
+        (stream_grads_    ? "gradients streamed to the host"
+         : data_parallel() ? "data parallel: gradients are final after the all-reduce"
+                           : "no gpu_link region, or GHT_OPT_SPECULATE=0 / no HBM left") +
         ")");
   }
   int rc = 0;
@@ -620,6 +635,72 @@ void CudaRun::stream_unit(int u) {
   stream_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// ---- data parallel over NCCL (world size > 1) ---------------------------------------------------
+
+// This rank's GPU: GHT_DEVICE when set, else its local rank (dist::choose_gpu checks it against
+// the visible devices). The topology, and with it the allocator's HBM, follows GHT_DEVICE, so a
+// device that came from the local rank is set there too.
+int CudaRun::select_device(int visible) {
+  config::Registry& reg = config::cfg();
+  std::optional<int> explicit_device;
+  if (reg.source(config::Key::GHT_DEVICE) != config::Source::Default) {
+    explicit_device = static_cast<int>(reg.get_int(config::Key::GHT_DEVICE));
+  }
+  const dist::Env env = dist::process_env();
+  gpu_choice_ = dist::choose_gpu(dist::detect_launch(env), explicit_device, visible, env);
+  if (gpu_choice_.device != reg.get_int(config::Key::GHT_DEVICE)) {
+    reg.set_flag("GHT_DEVICE", std::to_string(gpu_choice_.device));
+    (void)tier::topology(true);
+  }
+  return gpu_choice_.device;
+}
+
+// The NCCL communicator over the session's processes (none for one process). Its buffers take
+// HBM: the topology is read again so that the allocator's budget (free HBM) leaves them out.
+void CudaRun::start_data_parallel() {
+  if (s_.comm->size() == 1) return;
+  gpu_comm_ = dist::make_gpu_communicator(*s_.comm, gpu_choice_);
+  (void)tier::topology(true);
+  const ModelConfig& mc = cfg_.model;
+  say("data parallel over " + std::to_string(s_.comm->size()) + " processes (" + gpu_comm_->name() +
+      ", set up over " + s_.comm->name() + "; rank 0 on GPU " + std::to_string(gpu_choice_.device) + " by " +
+      gpu_choice_.chosen_by + "): each reads " + std::to_string(mc.grad_accum) + " of every " +
+      std::to_string(s_.comm->size() * mc.grad_accum) +
+      " micro-batches; gradients averaged over the ranks on the GPU after the last backward; AdamW state "
+      "replicated on every rank");
+}
+
+void CudaRun::check_data_parallel(const std::string& grad_mode) const {
+  if (!data_parallel() || !stream_grads_) return;
+  throw ght::config_error(
+      "the plan streams gradients to the host (gradient mode " + grad_mode + ") in a data-parallel run of " +
+      std::to_string(s_.comm->size()) + " processes: host-accumulated gradients are not all-reduced yet; keep "
+      "them in HBM (a larger GHT_HBM_BUDGET, GHT_PLACE rules with grad=hbm under GHT_POLICY=static, or a smaller "
+      "model or micro-batch), or launch one process");
+}
+
+// After the last backward, before the norm: the HBM gradients (each the mean over this rank's A
+// micro-batches) become the mean over all ranks, the same bits on every rank, so the replicated
+// optimizer state stays identical. The wait bounds it by GHT_DIST_TIMEOUT: a rank that never
+// joins fails here, naming the collective, instead of hanging in begin_step's synchronisation.
+void CudaRun::reduce_gradients() {
+  if (!data_parallel()) return;
+  const cudaStream_t s = model_->stream();
+  const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
+  gpu_comm_->allreduce(model_->grads(), model_->num_params(), t, dist::GpuReduce::avg, s);
+  gpu_comm_->wait(s);
+}
+
+// The record's losses are the means over every rank's micro-batches.
+void CudaRun::mean_over_ranks(double& loss, double& aux) const {
+  const int n = s_.comm->size();
+  if (n == 1) return;
+  double m[2] = {loss, aux};
+  s_.comm->allreduce_sum(m, 2);
+  loss = m[0] / n;
+  aux = m[1] / n;
+}
+
 // ---- kernel trace (--trace-kernels) ------------------------------------------------------------
 
 bool CudaRun::traced_step(std::int64_t step) const {
@@ -690,6 +771,7 @@ void CudaRun::end_trace(std::int64_t step_no) {
   const nlohmann::ordered_json bj = b.json();
   for (auto it = bj.begin(); it != bj.end(); ++it) j[it.key()] = it.value();
   const std::string md = "# Kernel breakdown: " + what + "\n\n" + b.markdown();
+  if (!s_.leader()) return;  // rank 0 alone writes the run directory
   const fs::path dir(cfg_.out);
   fs::create_directories(dir);
   fileio::atomic_write((dir / "kernel_breakdown.json").string(), j.dump(2) + "\n");
@@ -731,19 +813,21 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     loss += l.ce / A;
     aux += l.aux / A;
   };
-  for (micro_ = 0; micro_ < A; ++micro_) {
-    data.next(b);
+  // This rank's A of the step's N·A micro-batches (N = 1: all of them).
+  for_each_rank_batch(data, A, s_.comm->rank(), s_.comm->size(), b, [&](int m, const Batch& mb) {
+    micro_ = m;
     if (micro_ >= kSlots) add_loss(micro_ - kSlots);
     cur_->fwd_start[static_cast<std::size_t>(micro_)].record(s);
     pending_unit_ = -1;
-    model_->forward_backward_async(b.inputs.data(), b.targets.data(), B, T, 1.0f / static_cast<float>(A),
+    model_->forward_backward_async(mb.inputs.data(), mb.targets.data(), B, T, 1.0f / static_cast<float>(A),
                                    micro_ % kSlots);
     if (stream_grads_ && pending_unit_ >= 0) stream_unit(pending_unit_);
     pending_unit_ = -1;
     cur_->bwd_end[static_cast<std::size_t>(micro_)].record(s);
-  }
+  });
   micro_ = 0;
   training_ = false;
+  reduce_gradients();  // data parallel: every rank's gradient becomes the mean over all N·A
 
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
@@ -772,6 +856,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
 
   for (int m = std::max(0, A - kSlots); m < A; ++m) add_loss(m);
+  mean_over_ranks(loss, aux);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
@@ -913,7 +998,7 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
 }
 
 void CudaRun::write_profile() {
-  if (profile_.size() == profile_written_) return;
+  if (profile_.size() == profile_written_ || !s_.leader()) return;  // rank 0 alone writes the run directory
   profile_written_ = profile_.size();
   nlohmann::ordered_json j;
   const ModelConfig& mc = cfg_.model;
@@ -1019,13 +1104,14 @@ TrainSummary CudaRun::go() {
 
 }  // namespace
 
-TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run) {
+TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run,
+                        std::shared_ptr<dist::Communicator> comm) {
   GHT_EXPECTS(!run.trace_kernels || kernel_trace_built(),
               "--trace-kernels: this build has no kernel tracer (built without CUPTI: CUDA::cupti was not found at "
               "configure time)");
   GHT_EXPECTS(!run.trace_kernels || run.profile_steps >= 1,
               "--trace-kernels traces the last of the --profile-steps N steps: set profile_steps >= 1");
-  TrainSession s(cfg, run);  // before the GPU is touched: run directory, data
+  TrainSession s(cfg, run, std::move(comm));  // before the GPU is touched: run directory, data
   CudaRun r(s);
   return r.go();
 }

@@ -22,22 +22,36 @@
  *    GHT_OPT_SPECULATE set, each unit's update is launched during the last backward instead, as
  *    soon as its gradients are final, and begin_step keeps it or undoes it exactly.
  *
+ * Several processes (data parallel, `comm` of size N > 1; needs NCCL, trainer/dist/gpu_comm.hpp):
+ * each rank trains on its own GPU (GHT_DEVICE when set, else its local rank) with replicated
+ * weights and optimizer state, computes A of every step's N·A micro-batches, and all-reduces
+ * (averages) the HBM gradients on the model stream after its last backward, before the norm and
+ * the update. Streamed (host-accumulated) gradients and speculative updates are off then.
+ *
  * Per step it logs loss, grad norm, lr, tokens/s, MFU (formula printed once) and link GB each
  * way, and writes a forward / backward / exposed-optimizer breakdown (CUDA events) per step to
  * <out>/profile.json. A CUDA error or out-of-memory ends the run with a ght::cuda_error /
  * ght::out_of_memory naming the step, the op and the model's and optimizer's memory by tier;
  * checkpoints are atomic, so the last committed one stays valid.
  */
+#include <memory>
+
 #include "trainer/train.hpp"
 #include "trainer/train_config.hpp"
+
+namespace ght::dist {
+class Communicator;
+}
 
 namespace ght::trainer {
 
 /**
  * @brief Train on the GPU (defined only in CUDA builds).
+ * @param comm the processes of a data-parallel run (null: this process alone)
  * @throws ght::logic_error without a usable GPU or for a bad configuration; ght::cuda_error /
  *         ght::out_of_memory as described above; ght::io_error for data or checkpoint files
  */
-TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run = {});
+TrainSummary train_cuda(const TrainConfig& cfg, const TrainRunOptions& run = {},
+                        std::shared_ptr<dist::Communicator> comm = nullptr);
 
 }  // namespace ght::trainer
