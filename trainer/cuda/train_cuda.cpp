@@ -363,6 +363,10 @@ void CudaRun::setup() {
   mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
                       : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
                                           : kernels::cuda::AttentionImpl::automatic;
+  const std::string in_copy = config::cfg().get_string(config::Key::GHT_INPUT_COPY);
+  mo.input_copy = in_copy == "sm"       ? CudaModelOptions::InputCopy::sm
+                  : in_copy == "engine" ? CudaModelOptions::InputCopy::engine
+                                        : CudaModelOptions::InputCopy::automatic;
   const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
   if (gemm == "cutlass" && !kernels::cuda::cutlass_available()) {
     throw config_error("GHT_EXPERT_GEMM=cutlass: this build has no CUTLASS (CMake did not find it; "
