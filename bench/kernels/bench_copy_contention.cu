@@ -145,6 +145,7 @@ int main(int argc, char** argv) try {
     else if (k == "--probes") a.probes = static_cast<int>(next());
     else throw std::runtime_error("unknown argument " + k + " (see the file comment)");
   }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines survive a timeout's kill
   GHT_CUDA_TRY(cudaSetDevice(0));
   cudaDeviceProp prop{};
   GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
@@ -213,6 +214,7 @@ int main(int argc, char** argv) try {
       (void)measure(m);  // warm-up pass (first-use costs)
       const std::vector<double> us = measure(m);
       results.push_back({m.name, m.direction, phase, pct(us, 0.5), pct(us, 0.9), pct(us, 1.0)});
+      std::printf("  %s, %s %s: p50 %.1f us\n", phase, m.name, m.direction, results.back().p50_us);
     }
     if (loaded) load.stop();
   }
