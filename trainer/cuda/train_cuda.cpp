@@ -360,9 +360,10 @@ void CudaRun::setup() {
   mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : hbm_grad_type();
   mo.recompute = recompute_;
   const std::string att = config::cfg().get_string(config::Key::GHT_ATTENTION);
-  mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
-                      : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
-                                          : kernels::cuda::AttentionImpl::automatic;
+  mo.attention_impl = att == "cudnn"           ? kernels::cuda::AttentionImpl::cudnn
+                      : att == "cudnn_backend" ? kernels::cuda::AttentionImpl::cudnn_backend
+                      : att == "fallback"      ? kernels::cuda::AttentionImpl::fallback
+                                               : kernels::cuda::AttentionImpl::automatic;
   const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
   if (gemm == "cutlass" && !kernels::cuda::cutlass_available()) {
     throw config_error("GHT_EXPERT_GEMM=cutlass: this build has no CUTLASS (CMake did not find it; "
