@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/stable_scatter.cuh"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -71,22 +72,17 @@ __global__ void scan_kernel(int* __restrict__ counts, int tiles, int E,
   }
 }
 
-// 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256; within a round a
-// thread's rank is (same expert in earlier lanes of its warp: __match_any_sync) + (same expert in
-// earlier warps) + (the tile's running row for that expert).
+// 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256
+// (detail::stable_scatter_round), starting from the tile's first row per expert.
 __global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_t A, int K, int E,
                                const int* __restrict__ base, std::int32_t* __restrict__ src_token,
                                std::int32_t* __restrict__ dst_row) {
   extern __shared__ int smem[];
   int* running = smem;               // (E)
   int* warp_hist = smem + E;         // (kTileWarps, E)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < E; e += blockDim.x)
     running[e] = base[static_cast<std::int64_t>(blockIdx.x) * E + e];
-  const unsigned lt = (1u << lane) - 1u;
   for (int round = 0; round < kRounds; ++round) {
-    for (int i = threadIdx.x; i < kTileWarps * E; i += blockDim.x) warp_hist[i] = 0;
-    __syncthreads();
     const std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * kTile + round * kTileThreads +
                            threadIdx.x;
     int e = -1;
@@ -94,27 +90,11 @@ __global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_
       e = idx[a];
       if (e < 0 || e >= E) e = -1;
     }
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int rank = __popc(peers & lt);
-    if (e >= 0 && rank == 0) warp_hist[warp * E + e] = __popc(peers);
-    __syncthreads();
+    const int r = detail::stable_scatter_round<kTileThreads>(e, running, warp_hist, E);
     if (a < A) {
-      if (e >= 0) {
-        int r = running[e] + rank;
-        for (int w = 0; w < warp; ++w) r += warp_hist[w * E + e];
-        src_token[r] = static_cast<std::int32_t>(a / K);
-        dst_row[a] = r;
-      } else {
-        dst_row[a] = -1;
-      }
+      if (r >= 0) src_token[r] = static_cast<std::int32_t>(a / K);
+      dst_row[a] = r;
     }
-    __syncthreads();
-    for (int x = threadIdx.x; x < E; x += blockDim.x) {
-      int s = 0;
-      for (int w = 0; w < kTileWarps; ++w) s += warp_hist[w * E + x];
-      running[x] += s;
-    }
-    __syncthreads();
   }
 }
 
@@ -126,13 +106,7 @@ __global__ void gather_kernel(bf16* __restrict__ xp, const bf16* __restrict__ x,
                               const std::int32_t* __restrict__ src_token, std::int64_t rows, int C) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const std::int32_t t = src_token[r];
-  for (int c = lane * VEC; c < C; c += 32 * VEC) {
-    float v[VEC];
-    detail::load_vec<VEC>(x + static_cast<std::int64_t>(t) * C + c, v);
-    detail::store_vec<VEC>(xp + r * C + c, v);
-  }
+  detail::copy_row<VEC>(xp + r * C, x + static_cast<std::int64_t>(src_token[r]) * C, C);
 }
 
 // Warp per token: out[t] = sum_k (w ? w[t,k] : 1)·src[dst_row[t·K+k]], k in order, fp32.

@@ -356,6 +356,42 @@ TEST(CudaModel, VariantsAgree) {
   }
 }
 
+// GHT_FUSED_KERNELS: the fused router + permutation and q/k norm + RoPE launches change nothing,
+// bit for bit. Attention is the deterministic fallback (cuDNN's dQ uses atomics); a repeat of
+// the fused run first shows the rest of the step is deterministic too.
+TEST(CudaModel, FusedKernelsAreBitIdentical) {
+  GHT_REQUIRE_GPU();
+  for (int top_k : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "top_k " << top_k);
+    const ModelConfig c = test_config(top_k);
+    MoEModel<float> cpu(c);
+    cpu.init(8);
+    round_params_to_bf16(cpu);
+    const Batch2 b = random_batch(c, 13);
+    auto run = [&](bool fused, Loss* loss) {
+      CudaModelOptions o;
+      o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+      o.fused_kernels = fused;
+      CudaMoEModel m(c, std::move(o));
+      m.load_weights(cpu.params());
+      m.zero_grad();
+      *loss = m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+      return host_grads(m);
+    };
+    Loss l_fused, l_again, l_sep;
+    const auto g_fused = run(true, &l_fused), g_again = run(true, &l_again), g_sep = run(false, &l_sep);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    ASSERT_TRUE(same(g_fused, g_again)) << "the fused step is not deterministic by itself";
+    ASSERT_EQ(l_fused.total, l_again.total);
+    EXPECT_TRUE(same(g_fused, g_sep)) << "fused and separate kernels give different gradients";
+    EXPECT_EQ(l_fused.ce, l_sep.ce);
+    EXPECT_EQ(l_fused.aux, l_sep.aux);
+    EXPECT_EQ(l_fused.z, l_sep.z);
+  }
+}
+
 TEST(CudaModel, HooksRunPerUnitInOrder) {
   GHT_REQUIRE_GPU();
   const ModelConfig c = test_config(2);

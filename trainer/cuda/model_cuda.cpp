@@ -573,10 +573,15 @@ struct CudaMoEModel::Impl {
     op("q/k/v projection", l);
     gemm(N, QKV, d, a.ln1, false, W + x.wq, true, a.qkv, kc::DType::bf16, 0.0f);
     op("q/k RMSNorm + RoPE", l);
-    kc::qk_norm_rope_forward(a.qk, QK, a.q_rstd, a.qkv, QKV, W + x.q_norm, pos, N,
-                             static_cast<int>(H), static_cast<int>(D), eps, cfg.rope_theta, stream);
-    kc::qk_norm_rope_forward(a.qk + HD, QK, a.k_rstd, a.qkv + HD, QKV, W + x.k_norm, pos, N,
-                             static_cast<int>(KV), static_cast<int>(D), eps, cfg.rope_theta, stream);
+    const kc::QkNormRopeHeads qn{a.qk, QK, a.q_rstd, a.qkv, QKV, W + x.q_norm, static_cast<int>(H)};
+    const kc::QkNormRopeHeads kn{a.qk + HD, QK, a.k_rstd, a.qkv + HD, QKV, W + x.k_norm,
+                                 static_cast<int>(KV)};
+    if (opts.fused_kernels) {
+      kc::qk_norm_rope_forward_qk(qn, kn, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+    } else {
+      kc::qk_norm_rope_forward_qk(qn, {}, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+      kc::qk_norm_rope_forward_qk(kn, {}, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+    }
     op("attention forward", l);
     attention_ran = kc::attention_forward(a.att, a.lse, a.qk, a.qk + HD, a.qkv + QK, nullptr, att_shape(),
                                           opts.attention_impl, stream);
@@ -585,21 +590,30 @@ struct CudaMoEModel::Impl {
     op("residual add + post_attention_layernorm", l);
     kc::fused_residual_rmsnorm_forward(a.h_mid, a.ln2, a.ln2_rstd, tmp_d, a.resid, W + x.ln2, N,
                                        static_cast<int>(d), eps, stream);
-    op("router", l);
-    kc::router_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses, nullptr, a.ln2, W + x.router,
-                       N, static_cast<int>(d), static_cast<int>(E), static_cast<int>(K),
-                       cfg.norm_topk_prob, stream);
-    op("permutation plan", l);
-    kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
-                         static_cast<int>(E), stream);
+    if (opts.fused_kernels) {
+      op("router + permutation (fused)", l);
+      kc::router_route_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses,
+                               {a.offsets, a.src_token, a.dst_row, big}, a.ln2, W + x.router, N,
+                               static_cast<int>(d), static_cast<int>(E), static_cast<int>(K),
+                               cfg.norm_topk_prob, stream);
+    } else {
+      op("router", l);
+      kc::router_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses, nullptr, a.ln2,
+                         W + x.router, N, static_cast<int>(d), static_cast<int>(E),
+                         static_cast<int>(K), cfg.norm_topk_prob, stream);
+      op("permutation plan", l);
+      kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
+                           static_cast<int>(E), stream);
+      op("permute", l);
+      kc::moe_permute_forward(big, a.ln2, a.src_token, N, static_cast<int>(K), static_cast<int>(d),
+                              stream);
+    }
     if (kc::needs_host_offsets(opts.expert_impl)) {
       op("expert offsets download", l);
       a.host_offsets = kc::download_offsets(a.offsets, static_cast<int>(E), stream);
     } else {
       a.host_offsets.clear();
     }
-    op("permute", l);
-    kc::moe_permute_forward(big, a.ln2, a.src_token, N, static_cast<int>(K), static_cast<int>(d), stream);
     op("expert gate_up grouped GEMM", l);
     grouped_m(a, 2 * F, d, big, W + x.expert0, d, true, a.gu);
     op("SwiGLU forward", l);
@@ -732,11 +746,16 @@ struct CudaMoEModel::Impl {
     kc::attention_backward(dqk, dqk + HD, dqkv + QK, datt, a.qk, a.qk + HD, a.qkv + QK, a.att, a.lse,
                            nullptr, att_shape(), opts.attention_impl, stream);
     op("q/k RMSNorm + RoPE backward", l);
-    kc::qk_norm_rope_backward(dqkv, QKV, grad<GT>(x.q_norm), dqk, QK, a.qkv, QKV, W + x.q_norm, a.q_rstd,
-                              pos, N, static_cast<int>(H), static_cast<int>(D), cfg.rope_theta, stream);
-    kc::qk_norm_rope_backward(dqkv + HD, QKV, grad<GT>(x.k_norm), dqk + HD, QK, a.qkv + HD, QKV,
-                              W + x.k_norm, a.k_rstd, pos, N, static_cast<int>(KV), static_cast<int>(D),
-                              cfg.rope_theta, stream);
+    const kc::QkNormRopeGradHeads<GT> qg{dqkv, QKV, grad<GT>(x.q_norm), dqk, QK, a.qkv, QKV,
+                                         W + x.q_norm, a.q_rstd, static_cast<int>(H)};
+    const kc::QkNormRopeGradHeads<GT> kg{dqkv + HD, QKV, grad<GT>(x.k_norm), dqk + HD, QK, a.qkv + HD,
+                                         QKV, W + x.k_norm, a.k_rstd, static_cast<int>(KV)};
+    if (opts.fused_kernels) {
+      kc::qk_norm_rope_backward_qk(qg, kg, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+    } else {
+      kc::qk_norm_rope_backward_qk(qg, {}, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+      kc::qk_norm_rope_backward_qk(kg, {}, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+    }
     op("q/k/v projection backward", l);
     gemm(N, d, QKV, dqkv, false, W + x.wq, false, dnorm, kc::DType::bf16, 0.0f);
     gemm(QKV, d, N, dqkv, true, a.ln1, false, grad<GT>(x.wq), ct, 1.0f);

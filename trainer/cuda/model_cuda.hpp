@@ -61,6 +61,11 @@ struct CudaModelOptions {
   /// reuses them in backward.
   kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::default_grouped_gemm_impl();
   kernels::cuda::AttentionImpl attention_impl = kernels::cuda::AttentionImpl::automatic;
+  /// Fused kernels (GHT_FUSED_KERNELS): the router, its top-k and the permutation (plan and
+  /// gather) in one call (kernels/cuda/router.hpp: router_route_forward), and the q and k
+  /// RMSNorm + RoPE of a layer in one launch each way. false runs the separate kernels; the
+  /// results are bit-identical either way.
+  bool fused_kernels = true;
   /// Rows per LM-head/cross-entropy chunk; 0 = as many as fit a 256 MiB bf16 logits chunk.
   std::int64_t ce_chunk_rows = 0;
   /// Per layer: recompute its forward in backward (keeps only the layer input). Empty = none.

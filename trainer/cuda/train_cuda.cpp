@@ -375,6 +375,7 @@ void CudaRun::setup() {
                    : gemm == "cublaslt_streams" ? kernels::cuda::GroupedGemmImpl::cublaslt_streams
                    : gemm == "cublaslt_loop"    ? kernels::cuda::GroupedGemmImpl::cublaslt_loop
                                                 : kernels::cuda::default_grouped_gemm_impl();
+  mo.fused_kernels = config::cfg().get_bool(config::Key::GHT_FUSED_KERNELS);
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
