@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
-#include "kernels/cuda/detail/stable_scatter.cuh"
+#include "kernels/cuda/detail/counting_sort.cuh"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -43,37 +43,16 @@ __global__ void tile_histogram_kernel(const std::int32_t* __restrict__ idx, std:
 // counts[tile][e] becomes the first row of (tile, e): offset_e + sum over earlier tiles.
 __global__ void scan_kernel(int* __restrict__ counts, int tiles, int E,
                             std::int32_t* __restrict__ offsets) {
-  __shared__ int buf[2][kMaxExperts];
+  __shared__ int buf[2 * kMaxExperts];
   const int e = threadIdx.x;
   int total = 0;
   if (e < E)
     for (int t = 0; t < tiles; ++t) total += counts[static_cast<std::int64_t>(t) * E + e];
-  // Hillis-Steele inclusive scan over the experts, then shift to exclusive.
-  int cur = 0;
-  buf[cur][e] = e < E ? total : 0;
-  __syncthreads();
-  for (int o = 1; o < static_cast<int>(blockDim.x); o *= 2) {
-    const int v = buf[cur][e] + (e >= o ? buf[cur][e - o] : 0);
-    buf[cur ^ 1][e] = v;
-    cur ^= 1;
-    __syncthreads();
-  }
-  const int incl = buf[cur][e];
-  if (e < E) {
-    int run = incl - total;
-    offsets[e] = run;
-    for (int t = 0; t < tiles; ++t) {
-      int* c = counts + static_cast<std::int64_t>(t) * E + e;
-      const int n = *c;
-      *c = run;
-      run += n;
-    }
-    if (e == E - 1) offsets[E] = incl;
-  }
+  detail::scan_offsets(total, counts, tiles, E, offsets, buf);
 }
 
 // 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256
-// (detail::stable_scatter_round), starting from the tile's first row per expert.
+// (detail::place_round), starting from the tile's first row per expert.
 __global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_t A, int K, int E,
                                const int* __restrict__ base, std::int32_t* __restrict__ src_token,
                                std::int32_t* __restrict__ dst_row) {
@@ -85,16 +64,7 @@ __global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_
   for (int round = 0; round < kRounds; ++round) {
     const std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * kTile + round * kTileThreads +
                            threadIdx.x;
-    int e = -1;
-    if (a < A) {
-      e = idx[a];
-      if (e < 0 || e >= E) e = -1;
-    }
-    const int r = detail::stable_scatter_round<kTileThreads>(e, running, warp_hist, E);
-    if (a < A) {
-      if (r >= 0) src_token[r] = static_cast<std::int32_t>(a / K);
-      dst_row[a] = r;
-    }
+    (void)detail::place_round<kTileThreads>(idx, a, A, K, E, running, warp_hist, src_token, dst_row);
   }
 }
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
-#include "kernels/cuda/detail/stable_scatter.cuh"
+#include "kernels/cuda/detail/counting_sort.cuh"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
@@ -171,33 +171,13 @@ __global__ void router_finish_kernel(RouterLossesDevice* __restrict__ losses,
   }
   if (expert_counts != nullptr && e < E) expert_counts[e] = total;
   if (offsets == nullptr) return;
-  // Hillis-Steele inclusive scan over the experts, then shifted to exclusive.
-  int cur = 0;
-  scan[cur][e] = e < E ? total : 0;
-  __syncthreads();
-  for (int o = 1; o < static_cast<int>(blockDim.x); o *= 2) {
-    scan[cur ^ 1][e] = scan[cur][e] + (e >= o ? scan[cur][e - o] : 0);
-    cur ^= 1;
-    __syncthreads();
-  }
-  if (e < E) {
-    const int incl = scan[cur][e];
-    int run = incl - total;
-    offsets[e] = run;
-    for (int b = 0; b < blocks; ++b) {
-      int* c = tile_counts + static_cast<std::int64_t>(b) * E + e;
-      const int cnt = *c;
-      *c = run;
-      run += cnt;
-    }
-    if (e == E - 1) offsets[E] = incl;
-  }
+  detail::scan_offsets(total, tile_counts, blocks, E, offsets, &scan[0][0]);
 }
 
 // 16 warps: with at most 256 tiles, enough rows in flight for the gather.
 constexpr int kScatterThreads = 512;
 
-// Block b places the assignments of its tokens [b·tpb, ...) (detail::stable_scatter_round, in
+// Block b places the assignments of its tokens [b·tpb, ...) (detail::place_round, in
 // rounds of 512 from the tile's first rows) and gathers their rows: xp[r] = x[t], warp per row.
 template <int VEC>
 __global__ void route_scatter_gather_kernel(const std::int32_t* __restrict__ idx, std::int64_t N,
@@ -217,18 +197,8 @@ __global__ void route_scatter_gather_kernel(const std::int32_t* __restrict__ idx
   const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * tpb;
   const std::int64_t a0 = t0 * K, a1 = (t0 + tpb < N ? t0 + tpb : N) * K;
   for (std::int64_t r0 = a0; r0 < a1; r0 += kScatterThreads) {
-    const std::int64_t a = r0 + threadIdx.x;
-    int e = -1;
-    if (a < a1) {
-      e = idx[a];
-      if (e < 0 || e >= E) e = -1;
-    }
-    const int r = detail::stable_scatter_round<kScatterThreads>(e, running, warp_hist, E);
-    if (a < a1) {
-      if (r >= 0) src_token[r] = static_cast<std::int32_t>(a / K);
-      dst_row[a] = r;
-    }
-    round_row[threadIdx.x] = r;
+    round_row[threadIdx.x] = detail::place_round<kScatterThreads>(
+        idx, r0 + threadIdx.x, a1, K, E, running, warp_hist, src_token, dst_row);
     __syncthreads();
     const int in_round = static_cast<int>(a1 - r0 < kScatterThreads ? a1 - r0 : kScatterThreads);
     for (int i = warp; i < in_round; i += kScatterThreads / 32) {
