@@ -75,6 +75,16 @@ struct CudaModelOptions {
   std::vector<bool> recompute;
   /// Synchronise after every op so that an asynchronous kernel fault names its op (slow).
   bool sync_each_op = false;
+  /**
+   * CUDA graphs for forward_backward(_async): after the token upload, the whole micro-batch
+   * (forward, LM head, backward) is captured once per (B, T, weights, gradients, loss scale,
+   * activation buffers) and replayed after that; the first micro-batch of each key runs eagerly
+   * (it sizes the scratch buffers and plans the capture then finds). Used only where it is
+   * safe: no op hook (tracing), no sync_each_op, device-side expert offsets (cutlass, custom),
+   * and hooks either unset or set_hooks_quiet()'s predicate true; otherwise the call runs
+   * eagerly. Off by default: not yet run on a GPU, and the trainer sets no quiet predicate yet.
+   */
+  bool cuda_graphs = false;
 };
 
 /// Device bytes the model holds, by class.
@@ -139,6 +149,10 @@ class CudaMoEModel {
   [[nodiscard]] int num_units() const;
   [[nodiscard]] std::pair<std::size_t, std::size_t> unit_range(int unit) const;
   void set_hooks(Hooks hooks);
+  /// With CudaModelOptions::cuda_graphs and hooks set: `quiet` returns true when neither hook
+  /// would act in the coming forward_backward, which may then run as a CUDA graph (the hooks are
+  /// then not called). Unset: never while hooks are set.
+  void set_hooks_quiet(std::function<bool()> quiet);
   /// Called before each op is enqueued with its label (e.g. "o_proj") and layer (-1: none), so
   /// that a kernel tracer (kernel_trace.hpp) attributes the op's GPU work. Empty: no call.
   void set_op_hook(std::function<void(const char* op, int layer)> hook);
@@ -190,6 +204,9 @@ class CudaMoEModel {
 
   /// Routing of the last forward in `layer`: (B·T, top_k) expert ids (synchronous copy).
   [[nodiscard]] std::vector<std::int32_t> topk_indices(int layer) const;
+
+  /// Micro-batches that ran as a CUDA graph launch (captured or replayed) so far.
+  [[nodiscard]] std::int64_t cuda_graph_launches() const;
 
   [[nodiscard]] CudaModelMemory memory() const;
   /// One line: the model's device bytes by class and the device's free/total memory.

@@ -40,7 +40,9 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   // Outside training steps (loading, checkpoints, logits for sampling): listed so that every
   // label of the model is known.
   for (const char* op : {"weight upload", "weight download", "gradient download", "zero gradients",
-                         "allocate logits buffer", "logits GEMM", "routing download"}) {
+                         "allocate logits buffer", "logits GEMM", "routing download",
+                         // CUDA graphs run untraced (a tracer turns them off): labels only.
+                         "CUDA graph capture", "CUDA graph launch"}) {
     t[op] = none;
   }
   // ---- forward ----
