@@ -83,6 +83,41 @@ if(GHT_WITH_CUTLASS AND GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" I
 endif()
 message(STATUS "ghtier: CUTLASS ${GHT_HAVE_CUTLASS} (${GHT_CUTLASS_INCLUDE})")
 
+# cudnn-frontend (optional, header-only): cuDNN's C++ graph API, whose SDPA nodes run the
+# attention (kernels/cuda/cudnn_frontend; AttentionImpl::cudnn). Looked for in
+# GHT_CUDNN_FRONTEND_DIR, then $CUDNN_FRONTEND_INCLUDE_DIR (.deps/env.sh on the GPU machine), then
+# .pydeps/ (scripts/install-deps.sh puts the nvidia-cudnn-frontend wheel's include/ there), then
+# the include/ beside an installed nvidia-cudnn-frontend Python package (found without importing
+# it). Needs cuDNN; without it the attention keeps the hand-written backend graph.
+set(GHT_CUDNN_FRONTEND_DIR "" CACHE PATH "cudnn-frontend include directory (the one holding cudnn_frontend.h)")
+option(GHT_WITH_CUDNN_FRONTEND "Build the cudnn-frontend attention when its headers are found" ON)
+set(GHT_HAVE_CUDNN_FRONTEND OFF)
+if(GHT_WITH_CUDNN_FRONTEND AND GHT_HAVE_CUDA AND GHT_HAVE_CUDNN)
+  set(_ght_cfe_hints ${GHT_CUDNN_FRONTEND_DIR} $ENV{CUDNN_FRONTEND_INCLUDE_DIR}
+      ${PROJECT_SOURCE_DIR}/.pydeps/cudnn_frontend/include)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                    "import importlib.util, os; s = importlib.util.find_spec('cudnn'); print(os.path.join(os.path.dirname(os.path.dirname(s.origin)), 'include'))"
+                    OUTPUT_VARIABLE _ght_cfe_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    list(APPEND _ght_cfe_hints ${_ght_cfe_py})
+  endif()
+  find_path(GHT_CUDNN_FRONTEND_INCLUDE cudnn_frontend/graph_interface.h HINTS ${_ght_cfe_hints} NO_DEFAULT_PATH)
+  if(GHT_CUDNN_FRONTEND_INCLUDE)
+    file(STRINGS ${GHT_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend_version.h _ght_cfe_v
+         REGEX "^#define CUDNN_FRONTEND_(MAJOR|MINOR|PATCH)_VERSION ")
+    string(REGEX REPLACE ".*MAJOR_VERSION ([0-9]+).*MINOR_VERSION ([0-9]+).*PATCH_VERSION ([0-9]+).*"
+           "\\1.\\2.\\3" GHT_CUDNN_FRONTEND_VERSION "${_ght_cfe_v}")
+    # The SDPA attributes used (set_generate_stats, diagonal bands) are those of 1.32.
+    if(GHT_CUDNN_FRONTEND_VERSION VERSION_LESS 1.32)
+      message(STATUS "ghtier: cudnn-frontend ${GHT_CUDNN_FRONTEND_VERSION} at ${GHT_CUDNN_FRONTEND_INCLUDE} is older than 1.32; not used")
+    else()
+      set(GHT_HAVE_CUDNN_FRONTEND ON)
+    endif()
+  endif()
+endif()
+message(STATUS "ghtier: cudnn-frontend ${GHT_HAVE_CUDNN_FRONTEND} (${GHT_CUDNN_FRONTEND_VERSION} ${GHT_CUDNN_FRONTEND_INCLUDE})")
+
 # NCCL (optional): GPU collectives for the CUDA backend's data parallel (trainer/dist/nccl).
 # Looked for in GHT_NCCL_DIR, $NCCL_HOME / $NCCL_ROOT, the system, .pydeps/nvidia/nccl
 # (scripts/install-deps.sh installs the nvidia-nccl-cu13 wheel there), then the nvidia.nccl

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ghtier builds against, and only those that are missing, plus the
-# header-only CUTLASS and NCCL from PyPI (the nvidia-cutlass and nvidia-nccl-cu13 wheels, into
-# .pydeps/ of the checkout, where CMake looks; no Python environment is touched). Running it a
-# second time installs nothing. Needs root (or sudo) when a Debian package is missing. Without
-# nvcc neither wheel is fetched (nothing would use them); a failed fetch only warns: the build
-# then keeps its non-CUTLASS paths, or runs the CUDA backend as one process (no NCCL).
+# header-only CUTLASS and cudnn-frontend and NCCL from PyPI (the nvidia-cutlass,
+# nvidia-cudnn-frontend and nvidia-nccl-cu13 wheels, into .pydeps/ of the checkout, where CMake
+# looks; no Python environment is touched). Running it a second time installs nothing. Needs root
+# (or sudo) when a Debian package is missing. Without nvcc no wheel is fetched (nothing would use
+# them); a failed fetch only warns: the build then keeps its non-CUTLASS paths, its hand-written
+# cuDNN attention graph, or runs the CUDA backend as one process (no NCCL).
 #
 # Usage: scripts/install-deps.sh [--check]
 #   --check   only report what is missing; exit 1 if anything is.
@@ -21,27 +22,36 @@ pkgs=(
 # Wheels from PyPI, each into .pydeps/ of the checkout (pip --target; no Python environment is
 # touched), each with a version marker .pydeps/.<name>-version so a second run fetches nothing.
 #   nvidia-cutlass     CUTLASS headers (.pydeps/cutlass_library/source/include)
+#   nvidia-cudnn-frontend  cudnn-frontend headers: only the wheel's include/, kept as
+#                      .pydeps/cudnn_frontend/include (its Python module is not needed)
 #   nvidia-nccl-cu13   NCCL (.pydeps/nvidia/nccl/{include,lib}; the wheel's lib holds only
 #                      libnccl.so.2), for the CUDA backend's data parallel (trainer/dist/nccl)
 cutlass_version=4.2.0.0
+cudnn_frontend_version=1.32.0
 nccl_version=2.32.3
 root=$(cd "$(dirname "$0")/.." && pwd)
 pydeps=$root/.pydeps
-# install_wheel MARKER PACKAGE VERSION TOP WHAT [--check]: TOP is the top-level directory the
-# wheel installs (replaced as a whole, so an older version leaves nothing behind).
+# install_wheel MODE MARKER PACKAGE VERSION TOP WHAT [FROM]: TOP is the directory under .pydeps/
+# the wheel provides (replaced as a whole, so an older version leaves nothing behind); with FROM,
+# only that path of the wheel's files is kept, as TOP; without it, everything it installs is.
+# MODE is --check or empty.
 install_wheel() {
-  local marker=$1 pkg=$2 version=$3 top=$4 what=$5 mode=${6:-} have tmp
+  local mode=$1 marker=$2 pkg=$3 version=$4 top=$5 what=$6 from=${7:-} have tmp
   have=$(cat "$pydeps/.$marker-version" 2>/dev/null || true)
   [ "$have" = "$version" ] && return 0
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
   if [ "$mode" = "--check" ]; then echo "install-deps: missing: $pkg==$version (into .pydeps/)"; return 1; fi
   tmp=$pydeps.tmp.$marker
   rm -rf "$tmp"
-  if python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps --target "$tmp" \
-       "$pkg==$version"; then
+  if python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
+       --only-binary=:all: --target "$tmp" "$pkg==$version"; then
     mkdir -p "$pydeps"
     rm -rf "${pydeps:?}/$top" "$pydeps"/"${pkg//-/_}"-*.dist-info
-    cp -a "$tmp"/. "$pydeps"/ && rm -rf "$tmp" && echo "$version" > "$pydeps/.$marker-version"
+    if [ -n "$from" ]; then
+      mkdir -p "$(dirname "$pydeps/$top")" && cp -a "$tmp/$from" "$pydeps/$top"
+    else
+      cp -a "$tmp"/. "$pydeps"/
+    fi && rm -rf "$tmp" && echo "$version" > "$pydeps/.$marker-version"
     echo "install-deps: $what $version in .pydeps/$top"
   else
     rm -rf "$tmp"
@@ -50,8 +60,10 @@ install_wheel() {
 }
 install_wheels() {
   local rc=0
-  install_wheel cutlass nvidia-cutlass "$cutlass_version" cutlass_library CUTLASS "${1:-}" || rc=1
-  install_wheel nccl nvidia-nccl-cu13 "$nccl_version" nvidia/nccl NCCL "${1:-}" || rc=1
+  install_wheel "${1:-}" cutlass nvidia-cutlass "$cutlass_version" cutlass_library CUTLASS || rc=1
+  install_wheel "${1:-}" cudnn_frontend nvidia-cudnn-frontend "$cudnn_frontend_version" \
+    cudnn_frontend/include cudnn-frontend include || rc=1
+  install_wheel "${1:-}" nccl nvidia-nccl-cu13 "$nccl_version" nvidia/nccl NCCL || rc=1
   return $rc
 }
 

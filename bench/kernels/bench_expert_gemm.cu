@@ -1,6 +1,9 @@
 // Expert GEMM benchmark: every GroupedGemmImpl on the MoE shapes of bench-h200 (and the seed's
-// HARDWARE.md reference shape), against a dense cuBLASLt GEMM with the same total FLOPs measured
-// in the same run. Prints a table last and writes the full results as JSON.
+// HARDWARE.md reference shape, and four sweep shapes' layers), against a dense cuBLASLt GEMM
+// with the same total FLOPs measured in the same run. CUTLASS's var-M (data) GEMMs are measured
+// once per tile variant (cutlass[128x128], cutlass[128x256], cutlass[pingpong]; pingpong only
+// where B is transposed) and once as the automatic rule picks (cutlass[auto=...]), so the rule
+// can be checked against measurements. Prints a table last and writes the full results as JSON.
 //
 //   bench_expert_gemm [--json PATH] [--iters N]
 //
@@ -18,6 +21,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/expert_gemm.hpp"
@@ -158,7 +162,20 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
   for (const auto& c : vm) {
     const double flops = 2.0 * R * c.n * c.k;
     const double dense_tf = dense(R, c.n, c.k, c.trans_b, kc::DType::bf16);
+    // (impl, tile) pairs: every implementation once, CUTLASS once per tile variant and auto.
+    std::vector<std::pair<kc::GroupedGemmImpl, kc::CutlassTile>> runs;
     for (auto impl : impls) {
+      if (impl != kc::GroupedGemmImpl::cutlass) {
+        runs.emplace_back(impl, kc::CutlassTile::automatic);
+        continue;
+      }
+      for (auto t : {kc::CutlassTile::coop_128x128, kc::CutlassTile::coop_128x256,
+                     kc::CutlassTile::pingpong_128x128, kc::CutlassTile::automatic}) {
+        if (t == kc::CutlassTile::pingpong_128x128 && !c.trans_b) continue;  // not instantiated
+        runs.emplace_back(impl, t);
+      }
+    }
+    for (const auto& [impl, tile] : runs) {
       for (int with_sync = 0; with_sync < 2; ++with_sync) {
         if (!kc::needs_host_offsets(impl) && with_sync) continue;
         kc::GroupedGemmVarM g;
@@ -174,10 +191,16 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
         o.device = d_off;
         o.host = with_sync ? nullptr : off.data();
         o.max_rows = R;
+        g.cutlass_tile = tile;
         Row r;
         r.shape = s.name;
         r.gemm = c.name;
         r.impl = std::string(kc::to_string(impl)) + (with_sync ? "+sync" : "");
+        if (impl == kc::GroupedGemmImpl::cutlass) {
+          r.impl += tile == kc::CutlassTile::automatic
+                        ? "[auto=" + std::string(kc::to_string(kc::choose_cutlass_tile(g, o))) + "]"
+                        : "[" + std::string(kc::to_string(tile)) + "]";
+        }
         try {
           r.ms = time_ms(stream, iters, [&] { kc::grouped_gemm(g, o, impl, stream); });
           r.tflops = flops / (r.ms * 1e-3) / 1e12;
@@ -272,6 +295,8 @@ int main(int argc, char** argv) {
         // Two sweep shapes' layers (bench/trainer/sweep.py): many small experts.
         {"qwen3-like 128x768 top-8", 128, 8, 8192, 2048, 768, 0.0},
         {"fine-grained 64x512 top-4", 64, 4, 8192, 3072, 512, 0.0},
+        {"olmoe-like 64x1024 top-8", 64, 8, 8192, 2048, 1024, 0.0},
+        {"mixtral-like 16x2048 top-2", 16, 2, 8192, 4096, 2048, 0.0},
     };
     std::vector<Row> rows;
     for (const auto& s : shapes) bench_shape(s, iters, stream, rows);
@@ -284,7 +309,7 @@ int main(int argc, char** argv) {
                      "  {\"shape\": \"%s\", \"gemm\": \"%s\", \"impl\": \"%s\", \"ms\": %.5f, "
                      "\"tflops\": %.2f, \"dense_tflops\": %.2f, \"ratio_to_dense\": %.4f, "
                      "\"note\": \"%s\"}%s\n",
-                     json_escape(r.shape).c_str(), json_escape(r.gemm).c_str(), r.impl.c_str(),
+                     json_escape(r.shape).c_str(), json_escape(r.gemm).c_str(), json_escape(r.impl).c_str(),
                      r.ms, r.tflops, r.dense_tflops,
                      r.dense_tflops > 0 ? r.tflops / r.dense_tflops : 0.0,
                      json_escape(r.note).c_str(), i + 1 < rows.size() ? "," : "");
@@ -293,15 +318,15 @@ int main(int argc, char** argv) {
       std::fclose(f);
       std::printf("# wrote %s\n", json_path.c_str());
     }
-    std::printf("\n%-28s %-36s %-22s %9s %9s %9s %7s\n", "shape", "gemm", "impl", "ms", "TFLOP/s",
+    std::printf("\n%-28s %-36s %-30s %9s %9s %9s %7s\n", "shape", "gemm", "impl", "ms", "TFLOP/s",
                 "dense", "ratio");
     for (const auto& r : rows) {
       if (!r.note.empty()) {
-        std::printf("%-28s %-36s %-22s %s\n", r.shape.c_str(), r.gemm.c_str(), r.impl.c_str(),
+        std::printf("%-28s %-36s %-30s %s\n", r.shape.c_str(), r.gemm.c_str(), r.impl.c_str(),
                     "n/a (unsupported)");
         continue;
       }
-      std::printf("%-28s %-36s %-22s %9.4f %9.1f %9.1f %7.3f\n", r.shape.c_str(), r.gemm.c_str(),
+      std::printf("%-28s %-36s %-30s %9.4f %9.1f %9.1f %7.3f\n", r.shape.c_str(), r.gemm.c_str(),
                   r.impl.c_str(), r.ms, r.tflops, r.dense_tflops, r.tflops / r.dense_tflops);
     }
     (void)cudaStreamDestroy(stream);

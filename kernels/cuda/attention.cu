@@ -1,5 +1,6 @@
-// Attention: dispatch between cuDNN SDPA (attention_cudnn.cu) and the straightforward fallback
-// kernels below (see attention.hpp).
+// Attention: dispatch between cuDNN SDPA (cudnn-frontend's nodes in cudnn_frontend/, the
+// hand-written backend graph in attention_cudnn.cpp) and the straightforward fallback kernels
+// below (see attention.hpp).
 #include "kernels/cuda/attention.hpp"
 
 #include <algorithm>
@@ -362,6 +363,23 @@ void fallback_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf1
   GHT_CUDA_CHECK_LAUNCH();
 }
 
+// The cuDNN paths `impl` asks for, in order: cudnn-frontend (cudnn, automatic; when built), then
+// the backend graph. fe(throw)/be(throw) run one path and say whether it ran. Returns the path
+// that ran, or fallback when none did (only for automatic: a requested path throws instead).
+template <class Frontend, class Backend>
+AttentionImpl run_cudnn(AttentionImpl impl, Frontend&& fe, Backend&& be) {
+  const bool frontend = impl != AttentionImpl::cudnn_backend && detail::cudnn_frontend_attention_compiled();
+  if (frontend && fe(impl == AttentionImpl::cudnn)) return AttentionImpl::cudnn;
+  if (be(impl != AttentionImpl::automatic)) return AttentionImpl::cudnn_backend;
+  return AttentionImpl::fallback;
+}
+
+void require_cudnn_shape(bool ok, AttentionImpl impl, const AttentionShape& s, const char* op) {
+  GHT_EXPECTS(ok || impl == AttentionImpl::automatic,
+              std::string(op) + ": the cuDNN paths need no doc_ids, D <= 128 and D, row strides "
+                                "multiples of 8 (D=" + std::to_string(s.D) + ")");
+}
+
 int dims_per_lane(int D) {
   const int dpl = static_cast<int>(detail::ceil_div(D, 32));
   return dpl <= 1 ? 1 : dpl <= 2 ? 2 : dpl <= 4 ? 4 : 8;
@@ -374,6 +392,7 @@ std::string_view to_string(AttentionImpl impl) noexcept {
     case AttentionImpl::automatic: return "automatic";
     case AttentionImpl::cudnn: return "cudnn";
     case AttentionImpl::fallback: return "fallback";
+    case AttentionImpl::cudnn_backend: return "cudnn_backend";
   }
   return "?";
 }
@@ -393,14 +412,14 @@ AttentionImpl attention_forward(bf16* out, float* lse, const bf16* q, const bf16
   if (s.B == 0 || s.T == 0) return impl == AttentionImpl::automatic ? AttentionImpl::fallback : impl;
   if (impl != AttentionImpl::fallback) {
     const bool ok = cudnn_attention_supported(s, doc_ids != nullptr);
-    if (impl == AttentionImpl::cudnn) {
-      GHT_EXPECTS(ok, "attention_forward: the cuDNN path needs no doc_ids, D <= 128 and D, row "
-                      "strides multiples of 8 (D=" + std::to_string(s.D) + ")");
-      detail::cudnn_attention_forward(out, lse, q, k, v, s, stream, /*throw_on_failure=*/true);
-      return AttentionImpl::cudnn;
+    require_cudnn_shape(ok, impl, s, "attention_forward");
+    if (ok) {
+      const AttentionImpl ran = run_cudnn(
+          impl,
+          [&](bool t) { return detail::cudnn_frontend_attention_forward(out, lse, q, k, v, s, stream, t); },
+          [&](bool t) { return detail::cudnn_attention_forward(out, lse, q, k, v, s, stream, t); });
+      if (ran != AttentionImpl::fallback) return ran;
     }
-    if (ok && detail::cudnn_attention_forward(out, lse, q, k, v, s, stream, false))
-      return AttentionImpl::cudnn;
   }
   check_fallback(s, "attention_forward");
   switch (dims_per_lane(s.D)) {
@@ -421,14 +440,19 @@ AttentionImpl attention_backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
   if (s.B == 0 || s.T == 0) return impl == AttentionImpl::automatic ? AttentionImpl::fallback : impl;
   if (impl != AttentionImpl::fallback) {
     const bool ok = cudnn_attention_supported(s, doc_ids != nullptr);
-    if (impl == AttentionImpl::cudnn) {
-      GHT_EXPECTS(ok, "attention_backward: the cuDNN path needs no doc_ids, D <= 128 and D, row "
-                      "strides multiples of 8 (D=" + std::to_string(s.D) + ")");
-      detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, stream, true);
-      return AttentionImpl::cudnn;
+    require_cudnn_shape(ok, impl, s, "attention_backward");
+    if (ok) {
+      const AttentionImpl ran = run_cudnn(
+          impl,
+          [&](bool t) {
+            return detail::cudnn_frontend_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s,
+                                                             stream, t);
+          },
+          [&](bool t) {
+            return detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, stream, t);
+          });
+      if (ran != AttentionImpl::fallback) return ran;
     }
-    if (ok && detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s, stream, false))
-      return AttentionImpl::cudnn;
   }
   check_fallback(s, "attention_backward");
   switch (dims_per_lane(s.D)) {

@@ -5,16 +5,22 @@
  * kernels/cpu/attention.hpp (scale 1/sqrt(D), query head h uses kv head h / (H/KV), query i sees
  * key j iff j <= i and, with doc_ids, doc_ids[b, j] == doc_ids[b, i]; lse saved for the backward).
  *
- * Two implementations behind one call:
- *   cudnn     cuDNN's fused flash attention (SDPA) built through the cuDNN backend graph API
- *             (attention_cudnn.cu), bf16 I/O with fp32 softmax statistics, execution plans cached
- *             by shape. Plain causal masking only (no doc_ids), head_dim <= 128 and a multiple of 8,
- *             row strides multiples of 8.
- *   fallback  straightforward CUDA kernels (attention.cu): warp per query (forward, dq) or per
- *             key (dk, dv), keys/queries staged through shared memory in tiles of 32, fp32
- *             math, online softmax; any even D <= 256, doc_ids supported. Correct, not fast.
- *             Deterministic (no atomics).
- *   automatic cudnn when the shape is supported and cuDNN builds a plan for it, else fallback.
+ * Three implementations behind one call:
+ *   cudnn          cuDNN's fused flash attention (SDPA) through cudnn-frontend's graph API
+ *                  (cudnn_frontend/attention_sdpa.cpp; builds that found the nvidia-cudnn-frontend
+ *                  headers): the frontend's sdpa / sdpa_backward nodes, bf16 I/O, fp32 stats,
+ *                  one built graph cached per shape. A build without cudnn-frontend runs
+ *                  cudnn_backend for this request (and reports cudnn_backend as what ran).
+ *   cudnn_backend  the same fused SDPA through cuDNN's backend descriptors, the operation graph
+ *                  written out by hand (attention_cudnn.cpp), execution plans cached by shape.
+ *   fallback       straightforward CUDA kernels (attention.cu): warp per query (forward, dq) or
+ *                  per key (dk, dv), keys/queries staged through shared memory in tiles of 32,
+ *                  fp32 math, online softmax; any even D <= 256, doc_ids supported. Correct, not
+ *                  fast. Deterministic (no atomics).
+ *   automatic      cudnn, then cudnn_backend, then fallback: the first whose shape is supported
+ *                  and for which cuDNN builds a plan.
+ * Both cuDNN paths need plain causal masking (no doc_ids), head_dim <= 128 and a multiple of 8,
+ * row strides multiples of 8.
  *
  * Tensors are token-major: q/out (B, T, H, D), k/v (B, T, KV, D). Row strides (elements between
  * consecutive tokens; 0 = packed H·D or KV·D) let q, k, v be slices of a fused qkv projection.
@@ -31,7 +37,7 @@
 
 namespace ght::kernels::cuda {
 
-enum class AttentionImpl : int { automatic = 0, cudnn = 1, fallback = 2 };
+enum class AttentionImpl : int { automatic = 0, cudnn = 1, fallback = 2, cudnn_backend = 3 };
 
 [[nodiscard]] std::string_view to_string(AttentionImpl impl) noexcept;
 
@@ -46,8 +52,8 @@ struct AttentionShape {
  * @brief out, lse = attention(q, k, v).
  * @param out (B, T, H, D) overwritten   @param lse (B, H, T) fp32 overwritten
  * @param doc_ids (B, T) device ids or nullptr (plain causal; cuDNN needs nullptr)
- * @return the implementation that ran
- * @throws ght::logic_error on bad shapes or when `impl` = cudnn cannot run this case;
+ * @return the implementation that ran (never automatic)
+ * @throws ght::logic_error on bad shapes or when `impl` = cudnn/cudnn_backend cannot run this case;
  *         ght::cuda_error on CUDA/cuDNN failures
  */
 AttentionImpl attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
@@ -57,7 +63,7 @@ AttentionImpl attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloa
 
 /**
  * @brief Backward of attention_forward; dq, dk, dv are overwritten. Use the same implementation
- * as the forward (cuDNN's lse and the fallback's agree, so mixing is allowed but pointless).
+ * as the forward (the lse of every implementation agrees, so mixing is allowed but pointless).
  * @param dout (B, T, H, D)   @param out, lse as produced by the forward
  */
 AttentionImpl attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
@@ -67,7 +73,7 @@ AttentionImpl attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bflo
                                  const std::int32_t* doc_ids, const AttentionShape& shape,
                                  AttentionImpl impl, cudaStream_t stream);
 
-/// Whether this build has cuDNN and the shape/layout is one the cuDNN path accepts (it may still
+/// Whether this build has cuDNN and the shape/layout is one the cuDNN paths accept (they may still
 /// fail to find an engine at run time; automatic then falls back).
 [[nodiscard]] bool cudnn_attention_supported(const AttentionShape& shape, bool has_doc_ids);
 
@@ -75,7 +81,7 @@ AttentionImpl attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bflo
 void release_attention_resources();
 
 namespace detail {
-// Implemented in attention_cudnn.cu (or as throwing stubs when cuDNN is absent).
+// The backend-descriptor path: attention_cudnn.cpp (or throwing stubs when cuDNN is absent).
 bool cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                              const __nv_bfloat16* k, const __nv_bfloat16* v,
                              const AttentionShape& s, cudaStream_t stream, bool throw_on_failure);
@@ -84,8 +90,22 @@ bool cudnn_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat1
                               const __nv_bfloat16* k, const __nv_bfloat16* v,
                               const __nv_bfloat16* out, const float* lse,
                               const AttentionShape& s, cudaStream_t stream, bool throw_on_failure);
-void cudnn_attention_release();
+void cudnn_attention_release();  ///< both cuDNN paths' plans and the handles
 bool cudnn_attention_compiled();  ///< false when built without cuDNN headers
+// The cudnn-frontend path: cudnn_frontend/attention_sdpa.cpp (stubs in attention_cudnn.cpp when
+// the build has no cudnn-frontend). Same contract as the two above.
+bool cudnn_frontend_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
+                                      const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                      const AttentionShape& s, cudaStream_t stream,
+                                      bool throw_on_failure);
+bool cudnn_frontend_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
+                                       const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                       const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                       const __nv_bfloat16* out, const float* lse,
+                                       const AttentionShape& s, cudaStream_t stream,
+                                       bool throw_on_failure);
+void cudnn_frontend_attention_release_locked();  ///< with detail::cudnn_attention_mutex() held
+bool cudnn_frontend_attention_compiled();         ///< false when built without cudnn-frontend
 }  // namespace detail
 
 }  // namespace ght::kernels::cuda

@@ -1,6 +1,7 @@
-// Causal GQA flash attention through the cuDNN backend graph API (cudnn-frontend is not packaged
-// here). The operation graphs are the ones cudnn-frontend's composite SDPA nodes lower to, so
-// cuDNN's runtime-fusion engines recognise them as fused flash attention:
+// Causal GQA flash attention through the cuDNN backend graph API, written out by hand
+// (AttentionImpl::cudnn_backend; the path of builds without cudnn-frontend). The operation graphs
+// are the ones cudnn-frontend's composite SDPA nodes lower to, so cuDNN's runtime-fusion engines
+// recognise them as fused flash attention:
 //
 //   forward   S = Q·K^T (fp32) · scale → causal mask (GEN_INDEX row/col, CMP_GE, BINARY_SELECT
 //             with the lowest float) → max, S − max, exp, sum, stats = max + log(sum),
@@ -10,7 +11,8 @@
 //             dK = dS^T·Q (GQA-summed); dQ_accum (fp32, F16x16, zeroed) = dS·K; dQ = identity
 //
 // Plans are cached by shape and strides (per device). A shape for which cuDNN finds no engine is
-// remembered as unsupported so the automatic dispatch does not retry it on every call.
+// remembered as unsupported so the automatic dispatch does not retry it on every call. This file
+// also owns the cuDNN handles both cuDNN paths share (detail/cudnn_attention.hpp).
 // This file has no device code, so it is plain C++ (kernels/CMakeLists.txt compiles cuda/*.cpp
 // only in CUDA builds).
 #include "kernels/cuda/attention.hpp"
@@ -25,9 +27,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "kernels/cuda/detail/cudnn_attention.hpp"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -382,48 +384,15 @@ void finalize_plan(Plan& p, cudnnHandle_t handle) {
   throw ght::cuda_error("cuDNN attention: no engine builds a plan for this graph;" + reasons);
 }
 
-struct Key {
-  int device;
-  bool backward;
-  std::int64_t B, T, H, KV, D, q_row, k_row, v_row, o_row;
-  bool operator<(const Key& o) const {
-    return std::tie(device, backward, B, T, H, KV, D, q_row, k_row, v_row, o_row) <
-           std::tie(o.device, o.backward, o.B, o.T, o.H, o.KV, o.D, o.q_row, o.k_row, o.v_row, o.o_row);
-  }
-};
-
-struct State {
-  std::mutex mu;       // guards the maps and every (cudnnSetStream, cudnnBackendExecute) pair
-  std::map<int, cudnnHandle_t> handles;
-  std::map<Key, std::shared_ptr<Plan>> plans;  // nullptr: cuDNN cannot run this shape
-};
-
-State& state() {
-  static auto* s = new State;  // leaked on purpose: no cuDNN/CUDA teardown from static destructors
-  return *s;
+CudnnPlanCache<Plan>& plans() {
+  static auto* c = new CudnnPlanCache<Plan>;  // leaked on purpose, like the handles
+  return *c;
 }
 
-cudnnHandle_t handle_locked(State& s, int dev) {
-  auto it = s.handles.find(dev);
-  if (it != s.handles.end()) return it->second;
-  cudnnHandle_t h = nullptr;
-  ck(cudnnCreate(&h), "cudnnCreate");
-  s.handles.emplace(dev, h);
-  return h;
-}
-
-// Returns the cached plan (building it on first use), or nullptr when the shape is known not to
-// work. Throws on a first-time build failure only when throw_on_failure.
-std::shared_ptr<Plan> get_plan(State& s, const Key& key, const Geometry& G, cudnnHandle_t h,
+std::shared_ptr<Plan> get_plan(const CudnnAttentionKey& key, const Geometry& G, cudnnHandle_t h,
                                bool throw_on_failure) {
-  auto it = s.plans.find(key);
-  if (it != s.plans.end()) {
-    if (!it->second && throw_on_failure)
-      throw ght::cuda_error("cuDNN attention: an earlier attempt found no engine for this shape");
-    return it->second;
-  }
-  auto p = std::make_shared<Plan>();
-  try {
+  return plans().get(key, throw_on_failure, [&](const CudnnAttentionKey&) {
+    auto p = std::make_shared<Plan>();
     if (key.backward) {
       build_backward(p->graph, G);
       p->dq_accum = static_cast<std::int64_t>(scratch_align(
@@ -432,16 +401,11 @@ std::shared_ptr<Plan> get_plan(State& s, const Key& key, const Geometry& G, cudn
       build_forward(p->graph, G);
     }
     finalize_plan(*p, h);
-  } catch (const ght::cuda_error&) {
-    s.plans.emplace(key, nullptr);
-    if (throw_on_failure) throw;
-    return nullptr;
-  }
-  s.plans.emplace(key, p);
-  return p;
+    return p;
+  });
 }
 
-void execute(State& s, cudnnHandle_t h, const Plan& p, cudaStream_t stream,
+void execute(cudnnHandle_t h, const Plan& p, cudaStream_t stream,
              const std::vector<std::int64_t>& uids, const std::vector<void*>& ptrs, void* workspace) {
   Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
   set(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
@@ -451,34 +415,48 @@ void execute(State& s, cudnnHandle_t h, const Plan& p, cudaStream_t stream,
   set(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace,
       "variant pack workspace");
   ck(cudnnBackendFinalize(pack.get()), "variant pack finalize");
-  (void)s;
   ck(cudnnSetStream(h, stream), "cudnnSetStream");
   ck(cudnnBackendExecute(h, p.plan, pack.get()), "cudnnBackendExecute");
 }
 
-Key make_key(int dev, bool backward, const AttentionShape& sh) {
-  return Key{dev, backward, sh.B, sh.T, sh.H, sh.KV, sh.D, sh.q_row, sh.k_row, sh.v_row, sh.o_row};
+}  // namespace
+
+std::mutex& cudnn_attention_mutex() {
+  static auto* mu = new std::mutex;
+  return *mu;
 }
 
-int current_device() {
+namespace {
+std::map<int, cudnnHandle_t>& handles() {
+  static auto* h = new std::map<int, cudnnHandle_t>;  // no cuDNN teardown from static destructors
+  return *h;
+}
+}  // namespace
+
+cudnnHandle_t cudnn_handle_locked(int device) {
+  auto it = handles().find(device);
+  if (it != handles().end()) return it->second;
+  cudnnHandle_t h = nullptr;
+  ck(cudnnCreate(&h), "cudnnCreate");
+  handles().emplace(device, h);
+  return h;
+}
+
+int cudnn_current_device() {
   int dev = 0;
   GHT_CUDA_TRY(cudaGetDevice(&dev));
   return dev;
 }
-
-}  // namespace
 
 bool cudnn_attention_compiled() { return true; }
 
 bool cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
                              const __nv_bfloat16* k, const __nv_bfloat16* v,
                              const AttentionShape& sh, cudaStream_t stream, bool throw_on_failure) {
-  const int dev = current_device();
-  const Geometry G = geometry(sh);
-  auto& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  cudnnHandle_t h = handle_locked(s, dev);
-  auto plan = get_plan(s, make_key(dev, false, sh), G, h, throw_on_failure);
+  const int dev = cudnn_current_device();
+  std::lock_guard<std::mutex> lock(cudnn_attention_mutex());
+  cudnnHandle_t h = cudnn_handle_locked(dev);
+  auto plan = get_plan(CudnnAttentionKey::of(dev, false, sh), geometry(sh), h, throw_on_failure);
   if (!plan) return false;
   void* ws = plan->workspace > 0
                  ? stream_scratch(stream, static_cast<std::size_t>(plan->workspace))
@@ -488,7 +466,7 @@ bool cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
   const std::vector<std::int64_t> uids = {kQ, kK, kV, kO, kStats, kScale, kNegInf};
   const std::vector<void*> ptrs = {const_cast<__nv_bfloat16*>(q), const_cast<__nv_bfloat16*>(k),
                                    const_cast<__nv_bfloat16*>(v), out, lse, &scale, &neg_inf};
-  execute(s, h, *plan, stream, uids, ptrs, ws);
+  execute(h, *plan, stream, uids, ptrs, ws);
   return true;
 }
 
@@ -498,12 +476,10 @@ bool cudnn_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat1
                               const __nv_bfloat16* out, const float* lse,
                               const AttentionShape& sh, cudaStream_t stream,
                               bool throw_on_failure) {
-  const int dev = current_device();
-  const Geometry G = geometry(sh);
-  auto& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  cudnnHandle_t h = handle_locked(s, dev);
-  auto plan = get_plan(s, make_key(dev, true, sh), G, h, throw_on_failure);
+  const int dev = cudnn_current_device();
+  std::lock_guard<std::mutex> lock(cudnn_attention_mutex());
+  cudnnHandle_t h = cudnn_handle_locked(dev);
+  auto plan = get_plan(CudnnAttentionKey::of(dev, true, sh), geometry(sh), h, throw_on_failure);
   if (!plan) return false;
   const std::size_t ws_bytes = scratch_align(static_cast<std::size_t>(plan->workspace));
   auto* base = static_cast<char*>(
@@ -521,16 +497,16 @@ bool cudnn_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat1
       const_cast<__nv_bfloat16*>(q), const_cast<__nv_bfloat16*>(k), const_cast<__nv_bfloat16*>(v),
       const_cast<__nv_bfloat16*>(out), const_cast<__nv_bfloat16*>(dout), const_cast<float*>(lse),
       dq, dk, dv, dq_accum, &scale, &neg_inf, &one};
-  execute(s, h, *plan, stream, uids, ptrs, ws);
+  execute(h, *plan, stream, uids, ptrs, ws);
   return true;
 }
 
 void cudnn_attention_release() {
-  auto& s = state();
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.plans.clear();
-  for (auto& [dev, h] : s.handles) (void)cudnnDestroy(h);
-  s.handles.clear();
+  std::lock_guard<std::mutex> lock(cudnn_attention_mutex());
+  plans().clear();
+  cudnn_frontend_attention_release_locked();  // its graphs hold the handles' plans
+  for (auto& [dev, h] : handles()) (void)cudnnDestroy(h);
+  handles().clear();
 }
 
 }  // namespace ght::kernels::cuda::detail
@@ -558,4 +534,27 @@ bool cudnn_attention_backward(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*,
 void cudnn_attention_release() {}
 }  // namespace ght::kernels::cuda::detail
 
+#endif
+
+#if !defined(GHT_HAVE_CUDNN_FRONTEND)
+// A build without cudnn-frontend has no SDPA-node path (cudnn_frontend/attention_sdpa.cpp); the
+// dispatch in attention.cu asks cudnn_frontend_attention_compiled() before calling these.
+namespace ght::kernels::cuda::detail {
+bool cudnn_frontend_attention_compiled() { return false; }
+bool cudnn_frontend_attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*,
+                                      const __nv_bfloat16*, const __nv_bfloat16*,
+                                      const AttentionShape&, cudaStream_t, bool t) {
+  if (t) GHT_FAIL("attention: this build has no cudnn-frontend");
+  return false;
+}
+bool cudnn_frontend_attention_backward(__nv_bfloat16*, __nv_bfloat16*, __nv_bfloat16*,
+                                       const __nv_bfloat16*, const __nv_bfloat16*,
+                                       const __nv_bfloat16*, const __nv_bfloat16*,
+                                       const __nv_bfloat16*, const float*, const AttentionShape&,
+                                       cudaStream_t, bool t) {
+  if (t) GHT_FAIL("attention: this build has no cudnn-frontend");
+  return false;
+}
+void cudnn_frontend_attention_release_locked() {}
+}  // namespace ght::kernels::cuda::detail
 #endif

@@ -82,6 +82,20 @@ struct GroupOffsets {
   std::int64_t max_rows = 0;
 };
 
+/**
+ * Tile variants of GroupedGemmImpl::cutlass's var-M (data) GEMMs, one CUTLASS instantiation each
+ * (kernels/cuda/cutlass/). var-K (weight gradients) always runs coop_128x128.
+ *   coop_128x128      128x128x64 tiles, cooperative (two consumer warp groups per tile)
+ *   coop_128x256      128x256x64 tiles, cooperative: half the A-tile loads per output column
+ *   pingpong_128x128  128x128x64 tiles, ping-pong (a warp group per tile, one's epilogue under
+ *                     the other's mainloop); trans_b only: B-not-transposed calls asking for it
+ *                     run coop_128x128
+ *   automatic         choose_cutlass_tile()
+ */
+enum class CutlassTile : int { automatic = 0, coop_128x128 = 1, coop_128x256 = 2, pingpong_128x128 = 3 };
+
+[[nodiscard]] std::string_view to_string(CutlassTile tile) noexcept;
+
 /// var-M: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C[rows_e], B_e = b + e·stride_b.
 struct GroupedGemmVarM {
   std::int64_t n = 0, k = 0;
@@ -95,6 +109,7 @@ struct GroupedGemmVarM {
   DType c_type = DType::bf16;
   std::int64_t ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
+  CutlassTile cutlass_tile = CutlassTile::automatic;  ///< GroupedGemmImpl::cutlass only
 };
 
 /// var-K: C_e = alpha·A[rows_e]^T·B[rows_e] + beta·C_e, C_e = c + e·stride_c.
@@ -122,6 +137,20 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
 /// Run a var-K grouped GEMM (weight gradients). Groups with no rows get C_e = beta·C_e.
 void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, GroupedGemmImpl impl,
                   cudaStream_t stream);
+
+/**
+ * @brief The tile variant CutlassTile::automatic runs for a var-M call, from the mean rows per
+ * expert (offsets.max_rows / groups: the host knows no more), n and k. A first rule, written
+ * before any measurement of the variants (bench_expert_gemm reports every one; GHT_CUTLASS_TILE
+ * pins one in training):
+ *   trans_b and k <= 1024                      pingpong_128x128 (short K: the epilogue is a
+ *                                              large share of a tile's time)
+ *   n % 256 == 0, n >= 1024, mean rows >= 192  coop_128x256 (no partial N tile; rows enough to
+ *                                              fill a second 128-row tile of most experts)
+ *   otherwise                                  coop_128x128
+ * Never automatic.
+ */
+[[nodiscard]] CutlassTile choose_cutlass_tile(const GroupedGemmVarM& args, const GroupOffsets& offsets);
 
 /// True when GroupedGemmImpl::cutlass runs this call itself (this build has CUTLASS and the call
 /// is one it covers, see the file comment); false when it would run `custom` instead.

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/counting_sort.cuh"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -42,79 +43,28 @@ __global__ void tile_histogram_kernel(const std::int32_t* __restrict__ idx, std:
 // counts[tile][e] becomes the first row of (tile, e): offset_e + sum over earlier tiles.
 __global__ void scan_kernel(int* __restrict__ counts, int tiles, int E,
                             std::int32_t* __restrict__ offsets) {
-  __shared__ int buf[2][kMaxExperts];
+  __shared__ int buf[2 * kMaxExperts];
   const int e = threadIdx.x;
   int total = 0;
   if (e < E)
     for (int t = 0; t < tiles; ++t) total += counts[static_cast<std::int64_t>(t) * E + e];
-  // Hillis-Steele inclusive scan over the experts, then shift to exclusive.
-  int cur = 0;
-  buf[cur][e] = e < E ? total : 0;
-  __syncthreads();
-  for (int o = 1; o < static_cast<int>(blockDim.x); o *= 2) {
-    const int v = buf[cur][e] + (e >= o ? buf[cur][e - o] : 0);
-    buf[cur ^ 1][e] = v;
-    cur ^= 1;
-    __syncthreads();
-  }
-  const int incl = buf[cur][e];
-  if (e < E) {
-    int run = incl - total;
-    offsets[e] = run;
-    for (int t = 0; t < tiles; ++t) {
-      int* c = counts + static_cast<std::int64_t>(t) * E + e;
-      const int n = *c;
-      *c = run;
-      run += n;
-    }
-    if (e == E - 1) offsets[E] = incl;
-  }
+  detail::scan_offsets(total, counts, tiles, E, offsets, buf);
 }
 
-// 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256; within a round a
-// thread's rank is (same expert in earlier lanes of its warp: __match_any_sync) + (same expert in
-// earlier warps) + (the tile's running row for that expert).
+// 3. Stable scatter: a tile walks its assignments in kRounds rounds of 256
+// (detail::place_round), starting from the tile's first row per expert.
 __global__ void scatter_kernel(const std::int32_t* __restrict__ idx, std::int64_t A, int K, int E,
                                const int* __restrict__ base, std::int32_t* __restrict__ src_token,
                                std::int32_t* __restrict__ dst_row) {
   extern __shared__ int smem[];
   int* running = smem;               // (E)
   int* warp_hist = smem + E;         // (kTileWarps, E)
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int e = threadIdx.x; e < E; e += blockDim.x)
     running[e] = base[static_cast<std::int64_t>(blockIdx.x) * E + e];
-  const unsigned lt = (1u << lane) - 1u;
   for (int round = 0; round < kRounds; ++round) {
-    for (int i = threadIdx.x; i < kTileWarps * E; i += blockDim.x) warp_hist[i] = 0;
-    __syncthreads();
     const std::int64_t a = static_cast<std::int64_t>(blockIdx.x) * kTile + round * kTileThreads +
                            threadIdx.x;
-    int e = -1;
-    if (a < A) {
-      e = idx[a];
-      if (e < 0 || e >= E) e = -1;
-    }
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int rank = __popc(peers & lt);
-    if (e >= 0 && rank == 0) warp_hist[warp * E + e] = __popc(peers);
-    __syncthreads();
-    if (a < A) {
-      if (e >= 0) {
-        int r = running[e] + rank;
-        for (int w = 0; w < warp; ++w) r += warp_hist[w * E + e];
-        src_token[r] = static_cast<std::int32_t>(a / K);
-        dst_row[a] = r;
-      } else {
-        dst_row[a] = -1;
-      }
-    }
-    __syncthreads();
-    for (int x = threadIdx.x; x < E; x += blockDim.x) {
-      int s = 0;
-      for (int w = 0; w < kTileWarps; ++w) s += warp_hist[w * E + x];
-      running[x] += s;
-    }
-    __syncthreads();
+    (void)detail::place_round<kTileThreads>(idx, a, A, K, E, running, warp_hist, src_token, dst_row);
   }
 }
 
@@ -126,13 +76,7 @@ __global__ void gather_kernel(bf16* __restrict__ xp, const bf16* __restrict__ x,
                               const std::int32_t* __restrict__ src_token, std::int64_t rows, int C) {
   const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const std::int32_t t = src_token[r];
-  for (int c = lane * VEC; c < C; c += 32 * VEC) {
-    float v[VEC];
-    detail::load_vec<VEC>(x + static_cast<std::int64_t>(t) * C + c, v);
-    detail::store_vec<VEC>(xp + r * C + c, v);
-  }
+  detail::copy_row<VEC>(xp + r * C, x + static_cast<std::int64_t>(src_token[r]) * C, C);
 }
 
 // Warp per token: out[t] = sum_k (w ? w[t,k] : 1)·src[dst_row[t·K+k]], k in order, fp32.

@@ -9,6 +9,11 @@
  * Row strides let q and k be read from and written to slices of a fused qkv buffer: token t's
  * head h starts at x + t·ld_x + h·D.
  *
+ * The _qk variants run a layer's q heads and k heads (two sets, each with its own weight, rows
+ * and rstd) in one launch each way, sharing every token's cos/sin: bit-identical to one call per
+ * set. The backward runs blocks of 16 warps over contiguous token ranges (a grid that depends
+ * only on N) and reduces dw per block, then over the blocks in order: deterministic.
+ *
  * FLOPs ≈ 12·N·H·D forward, 20·N·H·D backward; bytes 2·2·N·H·D forward, 2·4·N·H·D backward.
  */
 #include <cuda_bf16.h>
@@ -39,6 +44,23 @@ void qk_norm_rope_forward(__nv_bfloat16* out, std::int64_t ld_out, float* rstd,
                           const std::int32_t* pos, std::int64_t N, int H, int D, float eps,
                           double theta, cudaStream_t stream);
 
+/// One head set (a layer's q or its k) of qk_norm_rope_forward_qk; fields as in
+/// qk_norm_rope_forward. heads = 0: no set.
+struct QkNormRopeHeads {
+  __nv_bfloat16* out = nullptr;
+  std::int64_t ld_out = 0;
+  float* rstd = nullptr;
+  const __nv_bfloat16* x = nullptr;
+  std::int64_t ld_x = 0;
+  const __nv_bfloat16* w = nullptr;
+  int heads = 0;
+};
+
+/// qk_norm_rope_forward of both sets in one launch. @throws ght::logic_error as the single call
+void qk_norm_rope_forward_qk(const QkNormRopeHeads& q, const QkNormRopeHeads& k,
+                             const std::int32_t* pos, std::int64_t N, int D, float eps,
+                             double theta, cudaStream_t stream);
+
 /**
  * @brief Backward of qk_norm_rope_forward.
  * @param dx (N, H, D) OVERWRITTEN (like the CPU op), row stride ld_dx; may equal dout (in place)
@@ -55,5 +77,29 @@ void qk_norm_rope_backward(__nv_bfloat16* dx, std::int64_t ld_dx, __nv_bfloat16*
                            const __nv_bfloat16* x, std::int64_t ld_x, const __nv_bfloat16* w,
                            const float* rstd, const std::int32_t* pos, std::int64_t N, int H,
                            int D, double theta, cudaStream_t stream);
+
+/// One head set of qk_norm_rope_backward_qk; fields as in qk_norm_rope_backward. heads = 0: none.
+template <class DW>
+struct QkNormRopeGradHeads {
+  __nv_bfloat16* dx = nullptr;
+  std::int64_t ld_dx = 0;
+  DW* dw = nullptr;
+  const __nv_bfloat16* dout = nullptr;
+  std::int64_t ld_dout = 0;
+  const __nv_bfloat16* x = nullptr;
+  std::int64_t ld_x = 0;
+  const __nv_bfloat16* w = nullptr;
+  const float* rstd = nullptr;
+  int heads = 0;
+};
+
+/// qk_norm_rope_backward of both sets in one launch (plus one dw reduction per set).
+void qk_norm_rope_backward_qk(const QkNormRopeGradHeads<float>& q,
+                              const QkNormRopeGradHeads<float>& k, const std::int32_t* pos,
+                              std::int64_t N, int D, double theta, cudaStream_t stream);
+void qk_norm_rope_backward_qk(const QkNormRopeGradHeads<__nv_bfloat16>& q,
+                              const QkNormRopeGradHeads<__nv_bfloat16>& k,
+                              const std::int32_t* pos, std::int64_t N, int D, double theta,
+                              cudaStream_t stream);
 
 }  // namespace ght::kernels::cuda

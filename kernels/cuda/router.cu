@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/counting_sort.cuh"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/scratch.hpp"
 #include "tier/cuda_check.hpp"
@@ -38,15 +39,18 @@ __device__ __forceinline__ float token_lse(const float (&l)[EPL], int E) {
   return mx + logf(s);
 }
 
-// One warp per token (grid-stride over tokens). Writes probs, top-k ids and weights; the block
-// adds its tokens' probabilities per expert and lse² into one partial row (fixed order), and
-// its selection counts into counts[] with integer atomics.
+// Block b routes the contiguous tokens [b·tpb, min((b+1)·tpb, N)), one warp per token in turn:
+// probs, top-k ids and weights. The block adds its tokens' probabilities per expert and lse² into
+// one partial row each (fixed order), and counts its (t, k) selections per expert: tile_counts
+// (blocks, E) is the tile histogram of the assignments [b·tpb·K, ...) that the permutation's
+// scatter starts from.
 template <int EPL>
 __global__ void router_forward_kernel(const float* __restrict__ logits, float* __restrict__ probs,
                                       std::int32_t* __restrict__ topk_idx,
                                       float* __restrict__ topk_w, float* __restrict__ psum_part,
-                                      float* __restrict__ z_part, int* __restrict__ counts,
-                                      std::int64_t N, int E, int K, bool norm_topk_prob) {
+                                      float* __restrict__ z_part, int* __restrict__ tile_counts,
+                                      std::int64_t N, std::int64_t tpb, int E, int K,
+                                      bool norm_topk_prob) {
   __shared__ float sp[kWarps][kMaxExperts];
   __shared__ float sz[kWarps];
   __shared__ int sc[kMaxExperts];
@@ -57,8 +61,9 @@ __global__ void router_forward_kernel(const float* __restrict__ logits, float* _
 #pragma unroll
   for (int j = 0; j < EPL; ++j) pacc[j] = 0.0f;
   float zacc = 0.0f;
-  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp; t < N;
-       t += static_cast<std::int64_t>(gridDim.x) * kWarps) {
+  const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * tpb;
+  const std::int64_t t1 = t0 + tpb < N ? t0 + tpb : N;
+  for (std::int64_t t = t0 + warp; t < t1; t += kWarps) {
     float l[EPL], p[EPL], cand[EPL];
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
@@ -125,7 +130,7 @@ __global__ void router_forward_kernel(const float* __restrict__ logits, float* _
     float s = 0.0f;
     for (int w = 0; w < kWarps; ++w) s += sp[w][e];
     psum_part[static_cast<std::int64_t>(blockIdx.x) * E + e] = s;
-    if (sc[e] != 0) atomicAdd(&counts[e], sc[e]);
+    tile_counts[static_cast<std::int64_t>(blockIdx.x) * E + e] = sc[e];
   }
   if (threadIdx.x == 0) {
     float s = 0.0f;
@@ -134,26 +139,73 @@ __global__ void router_forward_kernel(const float* __restrict__ logits, float* _
   }
 }
 
-// One block: aux = E·sum_e (c_e/N)·(P_e/N), z = sum_b z_part[b] / N.
-__global__ void router_losses_kernel(RouterLossesDevice* __restrict__ losses,
+// One block, thread e per expert (blockDim = E rounded up to 32): c_e and P_e summed over the
+// blocks in order, aux = E·sum_e (c_e/N)·(P_e/N), z = sum_b z_part[b] / N; optionally the counts
+// c_e and, with `offsets`, the permutation plan's exclusive scan: offsets (E+1), and every
+// tile_counts[b][e] replaced by the first row of (tile b, expert e).
+__global__ void router_finish_kernel(RouterLossesDevice* __restrict__ losses,
                                      const float* __restrict__ psum_part,
-                                     const float* __restrict__ z_part,
-                                     const int* __restrict__ counts, int blocks, std::int64_t N,
-                                     int E) {
+                                     const float* __restrict__ z_part, int* __restrict__ tile_counts,
+                                     int blocks, std::int64_t N, int E,
+                                     std::int32_t* __restrict__ expert_counts,
+                                     std::int32_t* __restrict__ offsets) {
   __shared__ float red[32];
+  __shared__ int scan[2][kMaxExperts];
+  const int e = threadIdx.x;
   const float n = static_cast<float>(N);
-  float term = 0.0f;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    float P = 0.0f;
-    for (int b = 0; b < blocks; ++b) P += psum_part[static_cast<std::int64_t>(b) * E + e];
-    term += (static_cast<float>(counts[e]) / n) * (P / n);
+  int total = 0;
+  float P = 0.0f;
+  if (e < E) {
+    for (int b = 0; b < blocks; ++b) {
+      total += tile_counts[static_cast<std::int64_t>(b) * E + e];
+      P += psum_part[static_cast<std::int64_t>(b) * E + e];
+    }
   }
+  const float term = e < E ? (static_cast<float>(total) / n) * (P / n) : 0.0f;
   const float aux = detail::block_sum(term, red);
   if (threadIdx.x == 0) {
     float z = 0.0f;
     for (int b = 0; b < blocks; ++b) z += z_part[b];
     losses->aux = static_cast<float>(E) * aux;
     losses->z = z / n;
+  }
+  if (expert_counts != nullptr && e < E) expert_counts[e] = total;
+  if (offsets == nullptr) return;
+  detail::scan_offsets(total, tile_counts, blocks, E, offsets, &scan[0][0]);
+}
+
+// 16 warps: with at most 256 tiles, enough rows in flight for the gather.
+constexpr int kScatterThreads = 512;
+
+// Block b places the assignments of its tokens [b·tpb, ...) (detail::place_round, in
+// rounds of 512 from the tile's first rows) and gathers their rows: xp[r] = x[t], warp per row.
+template <int VEC>
+__global__ void route_scatter_gather_kernel(const std::int32_t* __restrict__ idx, std::int64_t N,
+                                            std::int64_t tpb, int K, int E,
+                                            const int* __restrict__ base,
+                                            std::int32_t* __restrict__ src_token,
+                                            std::int32_t* __restrict__ dst_row,
+                                            bf16* __restrict__ xp, const bf16* __restrict__ x,
+                                            int C) {
+  extern __shared__ int smem[];
+  int* running = smem;                                 // (E)
+  int* warp_hist = smem + E;                           // (kScatterThreads / 32, E)
+  int* round_row = warp_hist + (kScatterThreads / 32) * E;  // (kScatterThreads)
+  const int warp = threadIdx.x / 32;
+  for (int e = threadIdx.x; e < E; e += blockDim.x)
+    running[e] = base[static_cast<std::int64_t>(blockIdx.x) * E + e];
+  const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * tpb;
+  const std::int64_t a0 = t0 * K, a1 = (t0 + tpb < N ? t0 + tpb : N) * K;
+  for (std::int64_t r0 = a0; r0 < a1; r0 += kScatterThreads) {
+    round_row[threadIdx.x] = detail::place_round<kScatterThreads>(
+        idx, r0 + threadIdx.x, a1, K, E, running, warp_hist, src_token, dst_row);
+    __syncthreads();
+    const int in_round = static_cast<int>(a1 - r0 < kScatterThreads ? a1 - r0 : kScatterThreads);
+    for (int i = warp; i < in_round; i += kScatterThreads / 32) {
+      const int row = round_row[i];
+      if (row >= 0) detail::copy_row<VEC>(xp + static_cast<std::int64_t>(row) * C, x + (r0 + i) / K * C, C);
+    }
+    __syncthreads();  // round_row is rewritten by the next round
   }
 }
 
@@ -305,6 +357,68 @@ void backward_impl(bf16* dx, DW* dwr, const float* dtopk_w, float aux_grad, floa
   gemm(h, stream);
 }
 
+// The routing grid: blocks of kWarps warps over contiguous ranges of tpb tokens. Both depend
+// only on N, and so do the partial sums (deterministic).
+struct RouteGrid {
+  int blocks;
+  std::int64_t tpb;
+};
+RouteGrid route_grid(std::int64_t N) {
+  const std::int64_t b = std::min<std::int64_t>(detail::ceil_div(N, kWarps), kMaxBlocks);
+  const std::int64_t tpb = detail::ceil_div(N, b);
+  return {static_cast<int>(detail::ceil_div(N, tpb)), tpb};
+}
+
+// The logits GEMM, router_forward_kernel and router_finish_kernel (N > 0). Returns the tile
+// histogram, or with `offsets` the tiles' first rows, in the stream scratch (valid until the
+// next scratch request on `stream`).
+const int* route(float* logits, float* probs, std::int32_t* topk_idx, float* topk_w,
+                 RouterLossesDevice* losses, std::int32_t* expert_counts, std::int32_t* offsets,
+                 const bf16* x, const bf16* wr, std::int64_t N, int C, int E, int K,
+                 bool norm_topk_prob, const RouteGrid& grid, cudaStream_t stream) {
+  // logits (N, E) = x (N, C) · Wr (E, C)^T, fp32 output
+  GemmArgs g;
+  g.m = N;
+  g.n = E;
+  g.k = C;
+  g.a = x;
+  g.b = wr;
+  g.trans_b = true;
+  g.c = logits;
+  g.c_type = DType::f32;
+  gemm(g, stream);
+
+  const int blocks = grid.blocks;
+  const std::size_t part_bytes = scratch_align(static_cast<std::size_t>(blocks) * E * sizeof(float));
+  const std::size_t z_bytes = scratch_align(static_cast<std::size_t>(blocks) * sizeof(float));
+  const std::size_t cnt_bytes = scratch_align(static_cast<std::size_t>(blocks) * E * sizeof(int));
+  auto* base = static_cast<char*>(stream_scratch(stream, part_bytes + z_bytes + cnt_bytes));
+  auto* psum_part = reinterpret_cast<float*>(base);
+  auto* z_part = reinterpret_cast<float*>(base + part_bytes);
+  auto* tile_counts = reinterpret_cast<int*>(base + part_bytes + z_bytes);
+  const std::int64_t tpb = grid.tpb;
+  switch (experts_per_lane(E)) {
+    case 1:
+      router_forward_kernel<1><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, tile_counts, N, tpb, E, K, norm_topk_prob);
+      break;
+    case 2:
+      router_forward_kernel<2><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, tile_counts, N, tpb, E, K, norm_topk_prob);
+      break;
+    case 4:
+      router_forward_kernel<4><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, tile_counts, N, tpb, E, K, norm_topk_prob);
+      break;
+    default:
+      router_forward_kernel<8><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, tile_counts, N, tpb, E, K, norm_topk_prob);
+      break;
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+  const int threads = static_cast<int>(detail::ceil_div(E, 32) * 32);
+  router_finish_kernel<<<1, threads, 0, stream>>>(losses, psum_part, z_part, tile_counts, blocks, N,
+                                                  E, expert_counts, offsets);
+  GHT_CUDA_CHECK_LAUNCH();
+  return tile_counts;
+}
+
 }  // namespace
 
 void router_forward(float* logits, float* probs, std::int32_t* topk_idx, float* topk_w,
@@ -318,44 +432,38 @@ void router_forward(float* logits, float* probs, std::int32_t* topk_idx, float* 
       GHT_CUDA_TRY(cudaMemsetAsync(expert_counts, 0, static_cast<std::size_t>(E) * sizeof(int), stream));
     return;
   }
-  // logits (N, E) = x (N, C) · Wr (E, C)^T, fp32 output
-  GemmArgs g;
-  g.m = N;
-  g.n = E;
-  g.k = C;
-  g.a = x;
-  g.b = wr;
-  g.trans_b = true;
-  g.c = logits;
-  g.c_type = DType::f32;
-  gemm(g, stream);
+  (void)route(logits, probs, topk_idx, topk_w, losses, expert_counts, nullptr, x, wr, N, C, E, K,
+              norm_topk_prob, route_grid(N), stream);
+}
 
-  const int blocks = static_cast<int>(std::min<std::int64_t>(detail::ceil_div(N, kWarps), kMaxBlocks));
-  const std::size_t part_bytes = scratch_align(static_cast<std::size_t>(blocks) * E * sizeof(float));
-  const std::size_t z_bytes = scratch_align(static_cast<std::size_t>(blocks) * sizeof(float));
-  const std::size_t cnt_bytes = scratch_align(static_cast<std::size_t>(E) * sizeof(int));
-  auto* base = static_cast<char*>(stream_scratch(stream, part_bytes + z_bytes + cnt_bytes));
-  auto* psum_part = reinterpret_cast<float*>(base);
-  auto* z_part = reinterpret_cast<float*>(base + part_bytes);
-  int* counts = expert_counts != nullptr ? expert_counts
-                                         : reinterpret_cast<int*>(base + part_bytes + z_bytes);
-  GHT_CUDA_TRY(cudaMemsetAsync(counts, 0, static_cast<std::size_t>(E) * sizeof(int), stream));
-  switch (experts_per_lane(E)) {
-    case 1:
-      router_forward_kernel<1><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, counts, N, E, K, norm_topk_prob);
-      break;
-    case 2:
-      router_forward_kernel<2><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, counts, N, E, K, norm_topk_prob);
-      break;
-    case 4:
-      router_forward_kernel<4><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, counts, N, E, K, norm_topk_prob);
-      break;
-    default:
-      router_forward_kernel<8><<<blocks, kWarps * 32, 0, stream>>>(logits, probs, topk_idx, topk_w, psum_part, z_part, counts, N, E, K, norm_topk_prob);
-      break;
+void router_route_forward(float* logits, float* probs, std::int32_t* topk_idx, float* topk_w,
+                          RouterLossesDevice* losses, const RoutePermutation& perm, const bf16* x,
+                          const bf16* wr, std::int64_t N, int C, int E, int K, bool norm_topk_prob,
+                          cudaStream_t stream) {
+  check("router_route_forward", N, C, E, K);
+  GHT_EXPECTS(N * K <= 0x7fffffff, "router_route_forward: N·K=" + std::to_string(N * K) +
+                                       " exceeds int32 row ids");
+  GHT_EXPECTS(perm.expert_offsets != nullptr && perm.src_token != nullptr &&
+                  perm.dst_row != nullptr && perm.xp != nullptr,
+              "router_route_forward: every output of the permutation is required");
+  if (N == 0) {
+    GHT_CUDA_TRY(cudaMemsetAsync(losses, 0, sizeof(RouterLossesDevice), stream));
+    GHT_CUDA_TRY(cudaMemsetAsync(perm.expert_offsets, 0,
+                                 (static_cast<std::size_t>(E) + 1) * sizeof(std::int32_t), stream));
+    return;
   }
-  GHT_CUDA_CHECK_LAUNCH();
-  router_losses_kernel<<<1, 256, 0, stream>>>(losses, psum_part, z_part, counts, blocks, N, E);
+  const RouteGrid grid = route_grid(N);
+  const int* bases = route(logits, probs, topk_idx, topk_w, losses, nullptr, perm.expert_offsets,
+                           x, wr, N, C, E, K, norm_topk_prob, grid, stream);
+  const std::size_t smem =
+      (static_cast<std::size_t>(E) * (1 + kScatterThreads / 32) + kScatterThreads) * sizeof(int);
+  if (C % 8 == 0 && detail::aligned16(x, perm.xp)) {
+    route_scatter_gather_kernel<8><<<grid.blocks, kScatterThreads, smem, stream>>>(
+        topk_idx, N, grid.tpb, K, E, bases, perm.src_token, perm.dst_row, perm.xp, x, C);
+  } else {
+    route_scatter_gather_kernel<1><<<grid.blocks, kScatterThreads, smem, stream>>>(
+        topk_idx, N, grid.tpb, K, E, bases, perm.src_token, perm.dst_row, perm.xp, x, C);
+  }
   GHT_CUDA_CHECK_LAUNCH();
 }
 

@@ -6,15 +6,24 @@
  * optional renormalisation of the top-k weights, the load-balance (aux) loss
  * E·sum_e (c_e/N)·(P_e/N) and the z-loss mean_t lse_t², forward and backward.
  *
- * Nothing synchronises with the host: the two losses land in a device buffer. Reductions over
- * tokens use fixed per-block partial sums added in block order (deterministic); the counts c_e
- * are integer atomics (exact). Supports E <= 256 experts and 1 <= K <= min(E, 32).
+ * Nothing synchronises with the host: the two losses land in a device buffer. Blocks route
+ * contiguous ranges of tokens; reductions over tokens use fixed per-block partial sums added in
+ * block order (deterministic), and the counts c_e per-block integer histograms (exact). Supports
+ * E <= 256 experts and 1 <= K <= min(E, 32).
+ *
+ * router_route_forward fuses router_forward with the permutation that follows it
+ * (kernels/cuda/permute.hpp: moe_permute_plan and moe_permute_forward): the per-block histograms
+ * are the tiles of the stable counting sort, one block scans them together with the losses, and
+ * the scatter kernel gathers each row as it places it. Logits GEMM + 3 kernels instead of
+ * GEMM + memset + 2 + 3 + 1; every output is bit-identical to the separate calls.
  *
  * The backward forms dlogits (N, E) in fp32 and rounds it to bf16 for the two cuBLASLt GEMMs
  * dx += dlogits·Wr and dWr += dlogits^T·x (bf16 inputs, fp32 accumulation).
  *
  * FLOPs: 2·N·C·E (logits) + ~(6 + 2K)·N·E; backward 4·N·C·E + ~8·N·E.
- * Bytes: 2·N·C + 2·E·C + 4·N·E·2 + 8·N·K (forward).
+ * Bytes: 2·N·C + 2·E·C + 4·N·E·2 + 8·N·K (forward); the fused call adds the gather's
+ * 2·(N·C + N·K·C) and 12·N·K for the plan, as the separate calls do, and saves re-reading
+ * topk_idx (4·N·K twice) and the plan's tile histogram pass.
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -42,6 +51,24 @@ void router_forward(float* logits, float* probs, std::int32_t* topk_idx, float* 
                     RouterLossesDevice* losses, std::int32_t* expert_counts,
                     const __nv_bfloat16* x, const __nv_bfloat16* wr, std::int64_t N, int C, int E,
                     int K, bool norm_topk_prob, cudaStream_t stream);
+
+/// The permutation outputs of router_route_forward: moe_permute_plan's and moe_permute_forward's.
+struct RoutePermutation {
+  std::int32_t* expert_offsets = nullptr;  ///< (E+1) exclusive scan of the counts; [E] = N·K
+  std::int32_t* src_token = nullptr;       ///< (N·K) permuted row -> source token
+  std::int32_t* dst_row = nullptr;         ///< (N·K) assignment t·K + k -> permuted row
+  __nv_bfloat16* xp = nullptr;             ///< (N·K, C) x gathered into expert order
+};
+
+/**
+ * @brief router_forward, then moe_permute_plan(topk_idx) and moe_permute_forward(x), fused;
+ * identical outputs (no expert_counts: expert_offsets holds them). Nothing syncs with the host.
+ * @throws ght::logic_error on bad sizes (as router_forward; N·K must fit int32) or a null output
+ */
+void router_route_forward(float* logits, float* probs, std::int32_t* topk_idx, float* topk_w,
+                          RouterLossesDevice* losses, const RoutePermutation& perm,
+                          const __nv_bfloat16* x, const __nv_bfloat16* wr, std::int64_t N, int C,
+                          int E, int K, bool norm_topk_prob, cudaStream_t stream);
 
 /**
  * @brief Backward through the combine weights, the aux loss and the z-loss into x and Wr.

@@ -140,6 +140,130 @@ TEST(CudaQkNormRope, ForwardBackwardMatchCpuBf16Dw) {
   run_case<bf16>(kShapes[0], 500);
 }
 
+// A layer's q and k as the model holds them: slices of one (N, (H + 2·KV)·D) qkv buffer in, of
+// one (N, (H + KV)·D) buffer out. The fused launches (both sets at once) must match the CPU op
+// per set and be bit-identical to one call per set.
+template <typename DW>
+void run_fused(int B, int T, int H, int KV, int D, std::uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << "fused q/k: B=" << B << " T=" << T << " H=" << H
+                                    << " KV=" << KV << " D=" << D);
+  const std::int64_t N = static_cast<std::int64_t>(B) * T;
+  const std::int64_t HD = static_cast<std::int64_t>(H) * D, KD = static_cast<std::int64_t>(KV) * D;
+  const std::int64_t QKV = HD + 2 * KD, QK = HD + KD;
+  const float eps = 1e-6f;
+  const double theta = 1e6;
+  const auto qkv = random_bf16_values(static_cast<std::size_t>(N * QKV), seed, -2.0f, 2.0f);
+  const auto dqk = random_bf16_values(static_cast<std::size_t>(N * QK), seed + 1);
+  const auto wq = random_bf16_values(D, seed + 2, 0.5f, 1.5f);
+  const auto wk = random_bf16_values(D, seed + 3, 0.5f, 1.5f);
+  const auto dw0 = random_bf16_values(D, seed + 4);
+  std::vector<std::int32_t> pos(N);
+  const auto docs = random_doc_ids(B, T, seed + 5);
+  cpu::make_positions(pos.data(), docs.data(), B, T);
+  // Columns [off, off + w) of an (N, ld) matrix.
+  auto cols = [&](const std::vector<float>& m, std::int64_t ld, std::int64_t off, std::int64_t w) {
+    std::vector<float> o(static_cast<std::size_t>(N * w));
+    for (std::int64_t t = 0; t < N; ++t)
+      for (std::int64_t j = 0; j < w; ++j) o[t * w + j] = m[t * ld + off + j];
+    return o;
+  };
+
+  TestStream stream;
+  auto d_qkv = upload_bf16(qkv);
+  auto d_dqk = upload_bf16(dqk);
+  auto d_wq = upload_bf16(wq);
+  auto d_wk = upload_bf16(wk);
+  DeviceBuffer<std::int32_t> d_pos(pos);
+  struct Outputs {
+    DeviceBuffer<bf16> qk, dqkv;
+    DeviceBuffer<float> q_rstd, k_rstd;
+    DeviceBuffer<DW> dwq, dwk;
+  };
+  auto run = [&](bool fused) {
+    Outputs o{DeviceBuffer<bf16>(N * QK), DeviceBuffer<bf16>(N * QKV), DeviceBuffer<float>(N * H),
+              DeviceBuffer<float>(N * KV), DeviceBuffer<DW>(D), DeviceBuffer<DW>(D)};
+    o.qk.poison();
+    o.dqkv.poison();
+    if constexpr (sizeof(DW) == 4) {
+      o.dwq.upload(dw0);
+      o.dwk.upload(dw0);
+    } else {
+      o.dwq.upload(to_bf16(dw0));
+      o.dwk.upload(to_bf16(dw0));
+    }
+    const kc::QkNormRopeHeads q{o.qk.get(), QK, o.q_rstd.get(), d_qkv.get(), QKV, d_wq.get(), H};
+    const kc::QkNormRopeHeads k{o.qk.get() + HD, QK, o.k_rstd.get(), d_qkv.get() + HD, QKV,
+                                d_wk.get(), KV};
+    const kc::QkNormRopeGradHeads<DW> qg{o.dqkv.get(), QKV, o.dwq.get(), d_dqk.get(), QK,
+                                         d_qkv.get(), QKV, d_wq.get(), o.q_rstd.get(), H};
+    const kc::QkNormRopeGradHeads<DW> kg{o.dqkv.get() + HD, QKV, o.dwk.get(), d_dqk.get() + HD, QK,
+                                         d_qkv.get() + HD, QKV, d_wk.get(), o.k_rstd.get(), KV};
+    if (fused) {
+      kc::qk_norm_rope_forward_qk(q, k, d_pos.get(), N, D, eps, theta, stream.get());
+      kc::qk_norm_rope_backward_qk(qg, kg, d_pos.get(), N, D, theta, stream.get());
+    } else {
+      kc::qk_norm_rope_forward_qk(q, {}, d_pos.get(), N, D, eps, theta, stream.get());
+      kc::qk_norm_rope_forward_qk(k, {}, d_pos.get(), N, D, eps, theta, stream.get());
+      kc::qk_norm_rope_backward_qk(qg, {}, d_pos.get(), N, D, theta, stream.get());
+      kc::qk_norm_rope_backward_qk(kg, {}, d_pos.get(), N, D, theta, stream.get());
+    }
+    stream.sync();
+    return o;
+  };
+  const Outputs f = run(true), sep = run(false);
+
+  const struct {
+    const char* name;
+    std::int64_t in_off, out_off;
+    int heads;
+    const std::vector<float>& w;
+    const DeviceBuffer<float>& rstd;
+    const DeviceBuffer<DW>& dw;
+  } sets[] = {{"q", 0, 0, H, wq, f.q_rstd, f.dwq}, {"k", HD, HD, KV, wk, f.k_rstd, f.dwk}};
+  const auto got_qk = download_f32(f.qk), got_dqkv = download_f32(f.dqkv);
+  for (const auto& st : sets) {
+    SCOPED_TRACE(st.name);
+    const std::int64_t w = static_cast<std::int64_t>(st.heads) * D;
+    const auto x = cols(qkv, QKV, st.in_off, w), g = cols(dqk, QK, st.out_off, w);
+    std::vector<float> out(x.size()), rstd(static_cast<std::size_t>(N) * st.heads), dx(x.size()),
+        dw = dw0;
+    cpu::qk_norm_rope_forward<float>(out.data(), rstd.data(), x.data(), st.w.data(), pos.data(), N,
+                                     st.heads, D, eps, theta);
+    cpu::qk_norm_rope_backward<float>(dx.data(), dw.data(), g.data(), x.data(), st.w.data(),
+                                      rstd.data(), pos.data(), N, st.heads, D, theta);
+    EXPECT_TRUE(all_close("rstd", st.rstd.download(), rstd, 1e-5f, 1e-5f));
+    EXPECT_TRUE(all_close("out", cols(got_qk, QK, st.out_off, w), out, 2e-3f, 8e-3f));
+    EXPECT_TRUE(all_close("dx", cols(got_dqkv, QKV, st.in_off, w), dx, 2e-3f, 8e-3f));
+    if constexpr (sizeof(DW) == 4) {
+      EXPECT_TRUE(all_close("dw", st.dw.download(), dw, 1e-3f, 1e-4f));
+    } else {
+      EXPECT_TRUE(all_close("dw", to_f32(st.dw.download()), dw, 1e-3f, 8e-3f));
+    }
+  }
+  // The v columns of dqkv are not written by either path: compare only what they write.
+  auto qk_part = [&](const std::vector<float>& m) { return cols(m, QKV, 0, QK); };
+  EXPECT_TRUE(all_close("fused vs separate: out", got_qk, download_f32(sep.qk), 0.0f, 0.0f));
+  EXPECT_TRUE(all_close("fused vs separate: dx", qk_part(got_dqkv), qk_part(download_f32(sep.dqkv)),
+                        0.0f, 0.0f));
+  EXPECT_TRUE(all_close("fused vs separate: q rstd", f.q_rstd.download(), sep.q_rstd.download(), 0.0f, 0.0f));
+  EXPECT_TRUE(all_close("fused vs separate: k rstd", f.k_rstd.download(), sep.k_rstd.download(), 0.0f, 0.0f));
+  if constexpr (sizeof(DW) == 4) {
+    EXPECT_TRUE(all_close("fused vs separate: dwq", f.dwq.download(), sep.dwq.download(), 0.0f, 0.0f));
+    EXPECT_TRUE(all_close("fused vs separate: dwk", f.dwk.download(), sep.dwk.download(), 0.0f, 0.0f));
+  } else {
+    EXPECT_TRUE(all_close("fused vs separate: dwq", to_f32(f.dwq.download()), to_f32(sep.dwq.download()), 0.0f, 0.0f));
+    EXPECT_TRUE(all_close("fused vs separate: dwk", to_f32(f.dwk.download()), to_f32(sep.dwk.download()), 0.0f, 0.0f));
+  }
+}
+
+TEST(CudaQkNormRope, FusedQkMatchesCpuAndSeparateCalls) {
+  GHT_REQUIRE_GPU();
+  run_fused<float>(2, 64, 8, 2, 128, 900);   // GQA, the model's head_dim
+  run_fused<float>(1, 9000, 4, 1, 64, 910);  // > 16·512 tokens: warps take several tokens
+  run_fused<float>(3, 50, 3, 3, 48, 920);    // MHA, D/2 < 32
+  run_fused<bf16>(2, 64, 8, 2, 128, 930);
+}
+
 TEST(CudaQkNormRope, InPlaceForward) {
   GHT_REQUIRE_GPU();
   const std::int64_t N = 33;

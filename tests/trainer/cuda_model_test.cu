@@ -356,6 +356,109 @@ TEST(CudaModel, VariantsAgree) {
   }
 }
 
+// GHT_FUSED_KERNELS: the fused router + permutation and q/k norm + RoPE launches change nothing,
+// bit for bit. Attention is the deterministic fallback (cuDNN's dQ uses atomics); a repeat of
+// the fused run first shows the rest of the step is deterministic too.
+TEST(CudaModel, FusedKernelsAreBitIdentical) {
+  GHT_REQUIRE_GPU();
+  for (int top_k : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "top_k " << top_k);
+    const ModelConfig c = test_config(top_k);
+    MoEModel<float> cpu(c);
+    cpu.init(8);
+    round_params_to_bf16(cpu);
+    const Batch2 b = random_batch(c, 13);
+    auto run = [&](bool fused, Loss* loss) {
+      CudaModelOptions o;
+      o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+      o.fused_kernels = fused;
+      CudaMoEModel m(c, std::move(o));
+      m.load_weights(cpu.params());
+      m.zero_grad();
+      *loss = m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+      return host_grads(m);
+    };
+    Loss l_fused, l_again, l_sep;
+    const auto g_fused = run(true, &l_fused), g_again = run(true, &l_again), g_sep = run(false, &l_sep);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    ASSERT_TRUE(same(g_fused, g_again)) << "the fused step is not deterministic by itself";
+    ASSERT_EQ(l_fused.total, l_again.total);
+    EXPECT_TRUE(same(g_fused, g_sep)) << "fused and separate kernels give different gradients";
+    EXPECT_EQ(l_fused.ce, l_sep.ce);
+    EXPECT_EQ(l_fused.aux, l_sep.aux);
+    EXPECT_EQ(l_fused.z, l_sep.z);
+  }
+}
+
+// CudaModelOptions::cuda_graphs: micro-batches replayed from a captured graph give the losses and
+// gradients of eager runs bit for bit, new tokens included; a new loss scale is a new graph.
+// Attention is the deterministic fallback (cuDNN's dQ uses atomics).
+TEST(CudaModel, CudaGraphReplayIsBitIdenticalToEager) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(9);
+  round_params_to_bf16(cpu);
+  const Batch2 batches[] = {random_batch(c, 21), random_batch(c, 22), random_batch(c, 23)};
+  // (batch, loss scale): warm-up, capture, replay, replay; then a new scale: warm-up, capture.
+  const std::pair<int, float> plan[] = {{0, 0.25f}, {1, 0.25f}, {2, 0.25f}, {0, 0.25f},
+                                        {1, 0.5f},  {2, 0.5f}};
+  auto run = [&](bool graphs, std::vector<Loss>& losses, std::int64_t* launches) {
+    CudaModelOptions o;
+    o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+    o.cuda_graphs = graphs;
+    CudaMoEModel m(c, std::move(o));
+    m.load_weights(cpu.params());
+    m.zero_grad();
+    for (const auto& [bi, scale] : plan) {
+      const Batch2& b = batches[bi];
+      losses.push_back(m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, scale));
+    }
+    *launches = m.cuda_graph_launches();
+    return host_grads(m);
+  };
+  std::vector<Loss> eager_l, graph_l;
+  std::int64_t eager_launches = -1, graph_launches = -1;
+  const auto eager = run(false, eager_l, &eager_launches), graphed = run(true, graph_l, &graph_launches);
+  EXPECT_EQ(eager_launches, 0);
+  ASSERT_EQ(graph_launches, 4) << "micro-batches 2, 3, 4 and 6 must run as graph launches";
+  for (std::size_t i = 0; i < eager_l.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "micro-batch " << i);
+    EXPECT_EQ(graph_l[i].ce, eager_l[i].ce);
+    EXPECT_EQ(graph_l[i].aux, eager_l[i].aux);
+    EXPECT_EQ(graph_l[i].z, eager_l[i].z);
+    EXPECT_EQ(graph_l[i].tokens, eager_l[i].tokens);
+  }
+  ASSERT_EQ(eager.size(), graphed.size());
+  EXPECT_EQ(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)), 0)
+      << "accumulated gradients differ between graph replays and eager runs";
+}
+
+// With hooks set, graphs run only when the quiet predicate says the hooks are idle.
+TEST(CudaModel, CudaGraphsWaitForQuietHooks) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(1);
+  const Batch2 b = random_batch(c, 31);
+  CudaModelOptions o;
+  o.cuda_graphs = true;
+  CudaMoEModel m(c, std::move(o));
+  m.init(3);
+  int calls = 0;
+  bool quiet = false;
+  m.set_hooks({[&](int) { ++calls; }, [&](int) { ++calls; }});
+  m.set_hooks_quiet([&] { return quiet; });
+  for (int i = 0; i < 3; ++i) (void)m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+  EXPECT_EQ(m.cuda_graph_launches(), 0);
+  EXPECT_EQ(calls, 3 * 2 * m.num_units());
+  quiet = true;
+  calls = 0;
+  for (int i = 0; i < 3; ++i) (void)m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
+  EXPECT_EQ(m.cuda_graph_launches(), 2);  // the first quiet call runs eagerly (warm-up)
+  EXPECT_EQ(calls, 2 * m.num_units());    // ... and calls the hooks, which are quiet
+}
+
 TEST(CudaModel, HooksRunPerUnitInOrder) {
   GHT_REQUIRE_GPU();
   const ModelConfig c = test_config(2);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -244,6 +245,25 @@ struct CudaMoEModel::Impl {
   int B = 0, T = 0;
   bool has_forward = false;
   Hooks hooks;
+  std::function<bool()> hooks_quiet;  // see set_hooks_quiet
+  bool capturing = false;  // hooks are not called while a CUDA graph is captured
+
+  // CUDA graph of one micro-batch (opts.cuda_graphs): what it was captured for, and the device
+  // loss slot it writes (copied to the caller's slot after each launch).
+  struct GraphKey {
+    int B = 0, T = 0;
+    const void* W = nullptr;
+    const void* G = nullptr;
+    float loss_scale = 0;
+    std::int64_t buffers = -1;  // activation buffer generation (ensure_capacity reallocations)
+    bool operator==(const GraphKey&) const = default;
+  };
+  std::int64_t buffer_generation = 0;
+  std::optional<GraphKey> warm_key;  // ran eagerly once: the capture will find its buffers sized
+  GraphKey graph_key;
+  cudaGraphExec_t graph_exec = nullptr;
+  char* graph_slot = nullptr;
+  std::int64_t graph_launches = 0;
   std::function<void(const char*, int)> op_hook;  // kernel tracing: told of every op
   const char* op_name = "idle";
   int op_layer = -1;
@@ -252,6 +272,8 @@ struct CudaMoEModel::Impl {
 
   void release() noexcept {
     if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+    if (graph_exec != nullptr) (void)cudaGraphExecDestroy(graph_exec);
+    graph_exec = nullptr;
     blocks.clear();  // each block goes back to the allocator
     for (cudaEvent_t& e : slot_event) {
       if (e != nullptr) (void)cudaEventDestroy(e);
@@ -402,6 +424,7 @@ struct CudaMoEModel::Impl {
     sm_copies = opts.input_copy != IC::engine && slot_host_dev != nullptr;
     scratch_losses = as<kc::RouterLossesDevice>(
         alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));
+    if (opts.cuda_graphs) graph_slot = as<char>(alloc(slot_bytes, kWork, "CUDA graph loss slot"));
     GHT_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
@@ -481,6 +504,7 @@ struct CudaMoEModel::Impl {
     logits_buf = nullptr;
     logits_rows = 0;
     cap_tokens = N;
+    ++buffer_generation;  // a captured graph holds the old buffers' addresses
   }
 
   // ---- inputs ----
@@ -529,10 +553,10 @@ struct CudaMoEModel::Impl {
   [[nodiscard]] std::int64_t tokens_n() const { return static_cast<std::int64_t>(B) * T; }
 
   void hook_forward(int unit) {
-    if (hooks.before_unit_forward) hooks.before_unit_forward(unit);
+    if (hooks.before_unit_forward && !capturing) hooks.before_unit_forward(unit);
   }
   void hook_backward(int unit) {
-    if (hooks.after_unit_backward) hooks.after_unit_backward(unit);
+    if (hooks.after_unit_backward && !capturing) hooks.after_unit_backward(unit);
   }
 
   // ---- GEMM helpers ----
@@ -575,6 +599,7 @@ struct CudaMoEModel::Impl {
     g.trans_b = tb;
     g.c = C;
     g.c_type = kc::DType::bf16;
+    g.cutlass_tile = opts.cutlass_tile;
     kc::grouped_gemm(g, offsets_of(a), opts.expert_impl, stream);
   }
 
@@ -618,10 +643,15 @@ struct CudaMoEModel::Impl {
     op("q/k/v projection", l);
     gemm(N, QKV, d, a.ln1, false, W + x.wq, true, a.qkv, kc::DType::bf16, 0.0f);
     op("q/k RMSNorm + RoPE", l);
-    kc::qk_norm_rope_forward(a.qk, QK, a.q_rstd, a.qkv, QKV, W + x.q_norm, pos, N,
-                             static_cast<int>(H), static_cast<int>(D), eps, cfg.rope_theta, stream);
-    kc::qk_norm_rope_forward(a.qk + HD, QK, a.k_rstd, a.qkv + HD, QKV, W + x.k_norm, pos, N,
-                             static_cast<int>(KV), static_cast<int>(D), eps, cfg.rope_theta, stream);
+    const kc::QkNormRopeHeads qn{a.qk, QK, a.q_rstd, a.qkv, QKV, W + x.q_norm, static_cast<int>(H)};
+    const kc::QkNormRopeHeads kn{a.qk + HD, QK, a.k_rstd, a.qkv + HD, QKV, W + x.k_norm,
+                                 static_cast<int>(KV)};
+    if (opts.fused_kernels) {
+      kc::qk_norm_rope_forward_qk(qn, kn, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+    } else {
+      kc::qk_norm_rope_forward_qk(qn, {}, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+      kc::qk_norm_rope_forward_qk(kn, {}, pos, N, static_cast<int>(D), eps, cfg.rope_theta, stream);
+    }
     op("attention forward", l);
     attention_ran = kc::attention_forward(a.att, a.lse, a.qk, a.qk + HD, a.qkv + QK, nullptr, att_shape(),
                                           opts.attention_impl, stream);
@@ -630,21 +660,30 @@ struct CudaMoEModel::Impl {
     op("residual add + post_attention_layernorm", l);
     kc::fused_residual_rmsnorm_forward(a.h_mid, a.ln2, a.ln2_rstd, tmp_d, a.resid, W + x.ln2, N,
                                        static_cast<int>(d), eps, stream);
-    op("router", l);
-    kc::router_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses, nullptr, a.ln2, W + x.router,
-                       N, static_cast<int>(d), static_cast<int>(E), static_cast<int>(K),
-                       cfg.norm_topk_prob, stream);
-    op("permutation plan", l);
-    kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
-                         static_cast<int>(E), stream);
+    if (opts.fused_kernels) {
+      op("router + permutation (fused)", l);
+      kc::router_route_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses,
+                               {a.offsets, a.src_token, a.dst_row, big}, a.ln2, W + x.router, N,
+                               static_cast<int>(d), static_cast<int>(E), static_cast<int>(K),
+                               cfg.norm_topk_prob, stream);
+    } else {
+      op("router", l);
+      kc::router_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses, nullptr, a.ln2,
+                         W + x.router, N, static_cast<int>(d), static_cast<int>(E),
+                         static_cast<int>(K), cfg.norm_topk_prob, stream);
+      op("permutation plan", l);
+      kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
+                           static_cast<int>(E), stream);
+      op("permute", l);
+      kc::moe_permute_forward(big, a.ln2, a.src_token, N, static_cast<int>(K), static_cast<int>(d),
+                              stream);
+    }
     if (kc::needs_host_offsets(opts.expert_impl)) {
       op("expert offsets download", l);
       a.host_offsets = kc::download_offsets(a.offsets, static_cast<int>(E), stream);
     } else {
       a.host_offsets.clear();
     }
-    op("permute", l);
-    kc::moe_permute_forward(big, a.ln2, a.src_token, N, static_cast<int>(K), static_cast<int>(d), stream);
     op("expert gate_up grouped GEMM", l);
     grouped_m(a, 2 * F, d, big, W + x.expert0, d, true, a.gu);
     op("SwiGLU forward", l);
@@ -777,11 +816,16 @@ struct CudaMoEModel::Impl {
     kc::attention_backward(dqk, dqk + HD, dqkv + QK, datt, a.qk, a.qk + HD, a.qkv + QK, a.att, a.lse,
                            nullptr, att_shape(), opts.attention_impl, stream);
     op("q/k RMSNorm + RoPE backward", l);
-    kc::qk_norm_rope_backward(dqkv, QKV, grad<GT>(x.q_norm), dqk, QK, a.qkv, QKV, W + x.q_norm, a.q_rstd,
-                              pos, N, static_cast<int>(H), static_cast<int>(D), cfg.rope_theta, stream);
-    kc::qk_norm_rope_backward(dqkv + HD, QKV, grad<GT>(x.k_norm), dqk + HD, QK, a.qkv + HD, QKV,
-                              W + x.k_norm, a.k_rstd, pos, N, static_cast<int>(KV), static_cast<int>(D),
-                              cfg.rope_theta, stream);
+    const kc::QkNormRopeGradHeads<GT> qg{dqkv, QKV, grad<GT>(x.q_norm), dqk, QK, a.qkv, QKV,
+                                         W + x.q_norm, a.q_rstd, static_cast<int>(H)};
+    const kc::QkNormRopeGradHeads<GT> kg{dqkv + HD, QKV, grad<GT>(x.k_norm), dqk + HD, QK, a.qkv + HD,
+                                         QKV, W + x.k_norm, a.k_rstd, static_cast<int>(KV)};
+    if (opts.fused_kernels) {
+      kc::qk_norm_rope_backward_qk(qg, kg, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+    } else {
+      kc::qk_norm_rope_backward_qk(qg, {}, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+      kc::qk_norm_rope_backward_qk(kg, {}, pos, N, static_cast<int>(D), cfg.rope_theta, stream);
+    }
     op("q/k/v projection backward", l);
     gemm(N, d, QKV, dqkv, false, W + x.wq, false, dnorm, kc::DType::bf16, 0.0f);
     gemm(QKV, d, N, dqkv, true, a.ln1, false, grad<GT>(x.wq), ct, 1.0f);
@@ -809,12 +853,8 @@ struct CudaMoEModel::Impl {
                                               " outside [0, " + std::to_string(kCudaLossSlots) + ")");
   }
 
-  void run_forward(const std::int32_t* tok, const std::int32_t* tgt, int B_, int T_, int slot,
-                   bool with_backward, float loss_scale) {
-    check_slot(slot);
-    has_forward = false;
-    upload_inputs(tok, tgt, B_, T_);
-    char* sd = slot_d(slot);
+  // One micro-batch after the upload: forward, LM head (+ backward), losses into slot `sd`.
+  void compute(char* sd, bool with_backward, float loss_scale) {
     auto* ce_loss = reinterpret_cast<float*>(sd);
     auto* valid = reinterpret_cast<std::int32_t*>(sd + 4);
     auto* losses = reinterpret_cast<kc::RouterLossesDevice*>(sd + 8);
@@ -834,6 +874,72 @@ struct CudaMoEModel::Impl {
       out.valid = valid;
       kc::lm_head_ce_forward(out, lnf, W + head, targets, tokens_n(), static_cast<int>(d),
                              static_cast<int>(V), kIgnoreIndex, ce_chunk, ce_ws, ce_ws_bytes, stream);
+    }
+  }
+
+  // ---- CUDA graphs ----
+  // A graph replays fixed pointers and host values, and nothing may wait on the host inside it.
+  [[nodiscard]] bool graph_usable() const {
+    const bool hooks_idle = (!hooks.before_unit_forward && !hooks.after_unit_backward) ||
+                            (hooks_quiet && hooks_quiet());
+    return opts.cuda_graphs && !op_hook && !opts.sync_each_op &&
+           !kc::needs_host_offsets(opts.expert_impl) && hooks_idle;
+  }
+
+  // compute() into graph_slot as a graph launch: replayed when captured for this key, captured
+  // (then launched) when the key ran eagerly before, else run eagerly once.
+  void run_graph(float loss_scale) {
+    const GraphKey key{B, T, W, G, loss_scale, buffer_generation};
+    if (graph_exec == nullptr || !(graph_key == key)) {
+      if (!(warm_key && *warm_key == key)) {
+        compute(graph_slot, true, loss_scale);
+        warm_key = key;
+        return;
+      }
+      capture(key, loss_scale);
+    }
+    op("CUDA graph launch");
+    GHT_CUDA_TRY(cudaGraphLaunch(graph_exec, stream));
+    ++graph_launches;
+  }
+
+  void capture(const GraphKey& key, float loss_scale) {
+    op("CUDA graph capture");
+    // Thread-local: other threads' CUDA calls (the delayed update's) are not part of it.
+    GHT_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    capturing = true;
+    try {
+      compute(graph_slot, true, loss_scale);
+    } catch (...) {
+      capturing = false;
+      (void)cudaStreamEndCapture(stream, &graph);  // leaves the stream usable again
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      throw;
+    }
+    capturing = false;
+    GHT_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    GHT_CUDA_TRY(st);
+    if (graph_exec != nullptr) (void)cudaGraphExecDestroy(graph_exec);
+    graph_exec = exec;
+    graph_key = key;
+  }
+
+  void run_forward(const std::int32_t* tok, const std::int32_t* tgt, int B_, int T_, int slot,
+                   bool with_backward, float loss_scale) {
+    check_slot(slot);
+    has_forward = false;
+    upload_inputs(tok, tgt, B_, T_);
+    char* sd = slot_d(slot);
+    if (with_backward && graph_usable()) {
+      run_graph(loss_scale);
+      GHT_CUDA_TRY(cudaMemcpyAsync(sd, graph_slot, slot_bytes, cudaMemcpyDeviceToDevice, stream));
+    } else {
+      compute(sd, with_backward, loss_scale);
     }
     op("loss copy");
     if (sm_copies) {
@@ -908,6 +1014,8 @@ std::pair<__nv_bfloat16*, void*> CudaMoEModel::swap_buffers(__nv_bfloat16* weigh
 optimizer::GradType CudaMoEModel::grad_type() const { return impl_->opts.grad_type; }
 int CudaMoEModel::num_units() const { return impl_->cfg.layers + 2; }
 void CudaMoEModel::set_hooks(Hooks hooks) { impl_->hooks = std::move(hooks); }
+void CudaMoEModel::set_hooks_quiet(std::function<bool()> quiet) { impl_->hooks_quiet = std::move(quiet); }
+std::int64_t CudaMoEModel::cuda_graph_launches() const { return impl_->graph_launches; }
 void CudaMoEModel::set_op_hook(std::function<void(const char* op, int layer)> hook) {
   impl_->op_hook = std::move(hook);
 }

@@ -60,7 +60,15 @@ struct CudaModelOptions {
   /// on the host: the model downloads them once per layer per forward (one stream sync) and
   /// reuses them in backward.
   kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::default_grouped_gemm_impl();
+  /// Tile variant of the CUTLASS expert data GEMMs (GHT_CUTLASS_TILE); automatic = the rule of
+  /// kernels/cuda/expert_gemm.hpp (choose_cutlass_tile).
+  kernels::cuda::CutlassTile cutlass_tile = kernels::cuda::CutlassTile::automatic;
   kernels::cuda::AttentionImpl attention_impl = kernels::cuda::AttentionImpl::automatic;
+  /// Fused kernels (GHT_FUSED_KERNELS): the router, its top-k and the permutation (plan and
+  /// gather) in one call (kernels/cuda/router.hpp: router_route_forward), and the q and k
+  /// RMSNorm + RoPE of a layer in one launch each way. false runs the separate kernels; the
+  /// results are bit-identical either way.
+  bool fused_kernels = true;
   /// Rows per LM-head/cross-entropy chunk; 0 = as many as fit a 256 MiB bf16 logits chunk.
   std::int64_t ce_chunk_rows = 0;
   /// Per layer: recompute its forward in backward (keeps only the layer input). Empty = none.
@@ -73,6 +81,16 @@ struct CudaModelOptions {
   /// in the copy engines; `engine` uses cudaMemcpyAsync; `automatic` is sm where the host
   /// buffers are GPU-mapped.
   enum class InputCopy { automatic, sm, engine } input_copy = InputCopy::automatic;
+  /**
+   * CUDA graphs for forward_backward(_async): after the token upload, the whole micro-batch
+   * (forward, LM head, backward) is captured once per (B, T, weights, gradients, loss scale,
+   * activation buffers) and replayed after that; the first micro-batch of each key runs eagerly
+   * (it sizes the scratch buffers and plans the capture then finds). Used only where it is
+   * safe: no op hook (tracing), no sync_each_op, device-side expert offsets (cutlass, custom),
+   * and hooks either unset or set_hooks_quiet()'s predicate true; otherwise the call runs
+   * eagerly. Off by default: not yet run on a GPU, and the trainer sets no quiet predicate yet.
+   */
+  bool cuda_graphs = false;
 };
 
 /// Device bytes the model holds, by class.
@@ -137,6 +155,10 @@ class CudaMoEModel {
   [[nodiscard]] int num_units() const;
   [[nodiscard]] std::pair<std::size_t, std::size_t> unit_range(int unit) const;
   void set_hooks(Hooks hooks);
+  /// With CudaModelOptions::cuda_graphs and hooks set: `quiet` returns true when neither hook
+  /// would act in the coming forward_backward, which may then run as a CUDA graph (the hooks are
+  /// then not called). Unset: never while hooks are set.
+  void set_hooks_quiet(std::function<bool()> quiet);
   /// Called before each op is enqueued with its label (e.g. "o_proj") and layer (-1: none), so
   /// that a kernel tracer (kernel_trace.hpp) attributes the op's GPU work. Empty: no call.
   void set_op_hook(std::function<void(const char* op, int layer)> hook);
@@ -188,6 +210,9 @@ class CudaMoEModel {
 
   /// Routing of the last forward in `layer`: (B·T, top_k) expert ids (synchronous copy).
   [[nodiscard]] std::vector<std::int32_t> topk_indices(int layer) const;
+
+  /// Micro-batches that ran as a CUDA graph launch (captured or replayed) so far.
+  [[nodiscard]] std::int64_t cuda_graph_launches() const;
 
   [[nodiscard]] CudaModelMemory memory() const;
   /// One line: the model's device bytes by class and the device's free/total memory.

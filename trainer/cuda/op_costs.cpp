@@ -40,7 +40,9 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   // Outside training steps (loading, checkpoints, logits for sampling): listed so that every
   // label of the model is known.
   for (const char* op : {"weight upload", "weight download", "gradient download", "zero gradients",
-                         "allocate logits buffer", "logits GEMM", "routing download"}) {
+                         "allocate logits buffer", "logits GEMM", "routing download",
+                         // CUDA graphs run untraced (a tracer turns them off): labels only.
+                         "CUDA graph capture", "CUDA graph launch"}) {
     t[op] = none;
   }
   // ---- forward ----
@@ -59,6 +61,8 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["router"] = {2 * N * C * E + (6 + 2 * K) * N * E, 2 * N * C + 2 * E * C + 8 * N * E + 8 * N * K};
   t["permutation plan"] = {0, 12 * N * K};
   t["permute"] = gather;
+  // The three in one call (GHT_FUSED_KERNELS): topk_idx is not read again by a separate plan.
+  t["router + permutation (fused)"] = t["router"] + OpCost{0, 4 * N * K} + gather;
   // Grouped GEMMs over the experts, var-M: R rows in total, every expert's weight read once.
   t["expert gate_up grouped GEMM"] = {2 * R * 2 * F * C, 2 * (R * C + E * 2 * F * C) + 2 * R * 2 * F};
   t["SwiGLU forward"] = {5 * R * F, 6 * R * F};

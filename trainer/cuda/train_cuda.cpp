@@ -370,9 +370,10 @@ void CudaRun::setup() {
   mo.grad_type = stream_grads_ ? optimizer::GradType::bf16 : hbm_grad_type();
   mo.recompute = recompute_;
   const std::string att = config::cfg().get_string(config::Key::GHT_ATTENTION);
-  mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
-                      : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
-                                          : kernels::cuda::AttentionImpl::automatic;
+  mo.attention_impl = att == "cudnn"           ? kernels::cuda::AttentionImpl::cudnn
+                      : att == "cudnn_backend" ? kernels::cuda::AttentionImpl::cudnn_backend
+                      : att == "fallback"      ? kernels::cuda::AttentionImpl::fallback
+                                               : kernels::cuda::AttentionImpl::automatic;
   const std::string in_copy = config::cfg().get_string(config::Key::GHT_INPUT_COPY);
   mo.input_copy = in_copy == "sm"       ? CudaModelOptions::InputCopy::sm
                   : in_copy == "engine" ? CudaModelOptions::InputCopy::engine
@@ -388,6 +389,12 @@ void CudaRun::setup() {
                    : gemm == "cublaslt_streams" ? kernels::cuda::GroupedGemmImpl::cublaslt_streams
                    : gemm == "cublaslt_loop"    ? kernels::cuda::GroupedGemmImpl::cublaslt_loop
                                                 : kernels::cuda::default_grouped_gemm_impl();
+  mo.fused_kernels = config::cfg().get_bool(config::Key::GHT_FUSED_KERNELS);
+  const std::string tile = config::cfg().get_string(config::Key::GHT_CUTLASS_TILE);
+  mo.cutlass_tile = tile == "128x128"    ? kernels::cuda::CutlassTile::coop_128x128
+                    : tile == "128x256"  ? kernels::cuda::CutlassTile::coop_128x256
+                    : tile == "pingpong" ? kernels::cuda::CutlassTile::pingpong_128x128
+                                         : kernels::cuda::CutlassTile::automatic;
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
@@ -489,7 +496,9 @@ void CudaRun::setup() {
       std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
       " tokens/step, backend cuda on " + prop.name + "; attention requested " +
       std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
-      std::string(kernels::cuda::to_string(model_->options().expert_impl)));
+      std::string(kernels::cuda::to_string(model_->options().expert_impl)) + " (CUTLASS tiles " +
+      std::string(kernels::cuda::to_string(model_->options().cutlass_tile)) + "), fused kernels " +
+      (model_->options().fused_kernels ? "on" : "off"));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
       (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_.bytes()) + " fp32 host accumulator)"
                      : std::string(model_->grad_type() == optimizer::GradType::bf16

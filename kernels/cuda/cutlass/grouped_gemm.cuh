@@ -58,7 +58,25 @@ __host__ __device__ Stride stride_with_ld(std::int64_t ld) {
 template <class G>
 __global__ void prepare_groups(Problem p, typename G::Arrays out);
 
-template <class LayoutA, class LayoutB, class ElementC_>
+/// The kernel schedules: cooperative (two consumer warp groups share each output tile) and
+/// ping-pong (each consumer warp group owns a tile; one's epilogue overlaps the other's
+/// mainloop, which pays where K is short).
+struct Cooperative {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+using Tile128x128 = cute::Shape<cute::_128, cute::_128, cute::_64>;
+using Tile128x256 = cute::Shape<cute::_128, cute::_256, cute::_64>;
+
+// Tiles of 128 rows: an expert holds a few hundred rows, so a taller tile wastes more of its
+// last one. No clusters: the expert GEMMs' tiles are few per group, and a cluster's second CTA
+// would often have no tile of the same group to share its loads with.
+template <class LayoutA, class LayoutB, class ElementC_, class TileShape_ = Tile128x128,
+          class Schedule = Cooperative>
 struct GroupedGemm {
   using ElementAB = cutlass::bfloat16_t;
   using ElementC = ElementC_;
@@ -66,16 +84,14 @@ struct GroupedGemm {
   using LayoutC = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 8;                          // 16 bytes of bf16
   static constexpr int kAlignC = 16 / sizeof(ElementC);       // 16 bytes of C
-  // 128x128 tiles: an expert holds a few hundred rows, so a tile of 128 rows wastes least; two
-  // consumer warp groups (cooperative), no clusters (a cluster cannot span two groups' tiles).
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using TileShape = TileShape_;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, ElementC, LayoutC*,
-      kAlignC, ElementC, LayoutC*, kAlignC, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      kAlignC, ElementC, LayoutC*, kAlignC, typename Schedule::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<ElementC, ElementAcc>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -83,7 +99,7 @@ struct GroupedGemm {
       LayoutB*, kAlignAB, ElementAcc, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Schedule::Mainloop>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;

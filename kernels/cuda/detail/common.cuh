@@ -105,6 +105,23 @@ __device__ __forceinline__ void store_vec(bf16* p, const float (&in)[VEC]) {
   }
 }
 
+/// dst[0, C) = src[0, C), by one warp: each lane moves VEC-wide chunks, four at a time (four
+/// loads in flight before their stores, so a warp keeps 2 KiB moving with VEC = 8).
+template <int VEC>
+__device__ __forceinline__ void copy_row(bf16* __restrict__ dst, const bf16* __restrict__ src, int C) {
+  constexpr int kUnroll = 4;
+  const int lane = threadIdx.x % kWarp;
+  for (int c0 = lane * VEC; c0 < C; c0 += kWarp * VEC * kUnroll) {
+    float v[kUnroll][VEC];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * kWarp * VEC < C) load_vec<VEC>(src + c0 + u * kWarp * VEC, v[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + u * kWarp * VEC < C) store_vec<VEC>(dst + c0 + u * kWarp * VEC, v[u]);
+  }
+}
+
 __device__ __forceinline__ float round_bf16(float v) {
   return __bfloat162float(__float2bfloat16(v));
 }

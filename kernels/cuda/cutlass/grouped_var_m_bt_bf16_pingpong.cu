@@ -1,0 +1,10 @@
+// CUTLASS grouped GEMM instantiation var_m_bt_bf16_pingpong (A RowMajor, B ColumnMajor, C bfloat16_t, 128x128 tiles, ping-pong); see grouped_gemm.cuh.
+#include "kernels/cuda/cutlass/grouped_gemm.cuh"
+
+namespace ght::kernels::cuda::cutlass_grouped {
+
+void var_m_bt_bf16_pingpong(const Problem& p, cudaStream_t stream) {
+  GroupedGemm<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, cutlass::bfloat16_t, Tile128x128, Pingpong>::run(p, stream);
+}
+
+}  // namespace ght::kernels::cuda::cutlass_grouped
