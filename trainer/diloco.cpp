@@ -41,7 +41,9 @@ double DilocoOuter::step() {
     const float delta = g[i] - d[i];
     d[i] = bf16 ? optimizer::bf16_bits_to_float(optimizer::float_to_bf16_bits(delta)) : delta;
   }
+  const auto t0 = std::chrono::steady_clock::now();
   comm_.allreduce_sum(d, n_);
+  allreduce_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // fp32 throughout, as torch.optim.SGD(nesterov=True) on fp32 parameters.
   const auto ranks = static_cast<float>(comm_.size());
   const auto lr = static_cast<float>(cfg_.outer_lr), mu = static_cast<float>(cfg_.outer_momentum);

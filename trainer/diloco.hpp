@@ -28,6 +28,7 @@
  * and moments, which is not the AdamW update of the mean gradient that data parallel takes:
  * AdamW is not linear in the gradient (tests/trainer/mpi/diloco_mpi_test.cpp).
  */
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,12 +64,15 @@ class DilocoOuter {
    * @return the norm of the averaged pseudo-gradient Δ
    */
   double step();
+  /// Wall seconds of the last step()'s pseudo-gradient all-reduce (its communication).
+  [[nodiscard]] double last_allreduce_seconds() const noexcept { return allreduce_seconds_; }
 
  private:
   DilocoConfig cfg_;
   std::size_t n_;
   dist::Communicator& comm_;
   alloc::unique_block global_, momentum_, local_;
+  double allreduce_seconds_ = 0;
 };
 
 }  // namespace ght::trainer

@@ -14,6 +14,7 @@
 #include "trainer/file_io.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/signals.hpp"
+#include "trainer/zero.hpp"
 
 namespace ght::trainer {
 
@@ -97,15 +98,97 @@ std::vector<CheckpointTensorView> flat_views(const TrainBackend& be, const Diloc
   return v;
 }
 
-// Rank 0 learns the size and checksum of every rank's shard (one broadcast per rank).
-std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const CheckpointFile& mine) {
+// Rank 0 learns the size and checksum of every rank's shard (one broadcast per rank); `file`
+// names rank r's.
+std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const CheckpointFile& mine,
+                                                 std::string (*file)(int) = shard_file) {
   std::vector<CheckpointFile> all;
   for (int root = 0; root < comm.size(); ++root) {
     std::uint64_t e[2] = {mine.size, mine.xxh3_64};
     comm.broadcast(e, sizeof e, root);
-    all.push_back({shard_file(root), e[0], e[1]});
+    all.push_back({file(root), e[0], e[1]});
   }
   return all;
+}
+
+// Region r's master (i = 0), m (1) or v (2) as fp32 on the host: in place where it lives there
+// as fp32, else copied into a buffer of `owned` (HBM state; bf16 m and v are widened, exactly).
+std::span<const float> host_state(optimizer::AdamW& opt, std::size_t r, int i, std::vector<std::vector<float>>& owned) {
+  const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
+  const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
+  const std::size_t n = opt.region(r).n;
+  if (sb.host != nullptr && (i == 0 || opt.state_type() == optimizer::StateType::fp32)) {
+    return {static_cast<const float*>(sb.host), n};
+  }
+  auto& o = owned.emplace_back(n);
+  opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
+  return o;
+}
+
+// What every checkpoint records besides the tensors.
+CheckpointView checkpoint_base(const TrainSession& s) {
+  CheckpointView v;
+  v.data_position = s.loader->state().to_json();
+  v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
+  v.config = s.cfg.to_json();
+  return v;
+}
+
+// ZeRO-1 (trainer/zero.hpp; every rank calls it, a collective): model.safetensors holds the whole
+// fp32 master, gathered one tensor at a time (rank 0 writes it), and every rank writes the m and
+// v of its slices to its zero.rank_NNNNN file in the staging directory; rank 0 commits once
+// every shard is written. Returns the directory on rank 0, "" on the others.
+std::string save_sharded(TrainBackend& be, const TrainSession& s, std::int64_t step, const StateShards& zs) {
+  GHT_EXPECTS(!be.delayed_update(), "checkpoint: sharded optimizer state with GHT_OPT_DELAY=1 is not built");
+  be.synchronize();
+  optimizer::AdamW& opt = be.optimizer();
+  opt.synchronize();
+  const auto& ts = be.tensors();
+  const auto& sl = zs.slices();
+  std::vector<CheckpointTensorView> mine;  // adam_m.<name>..., then adam_v.<name>...
+  std::vector<std::vector<float>> owned;
+  owned.reserve(2 * sl.size());
+  for (int i = 1; i < 3; ++i) {
+    for (std::size_t r = 0; r < sl.size(); ++r) {
+      mine.push_back({kShardPrefixes[i] + ts[sl[r].tensor].name, {static_cast<std::int64_t>(sl[r].n)},
+                      host_state(opt, r, i, owned)});
+    }
+  }
+  // Tensor t's master: this rank's slice of it (at most one), then every rank's.
+  auto gather = [&](std::size_t t, std::span<float> out) {
+    for (std::size_t r = 0; r < sl.size(); ++r) {
+      if (sl[r].tensor == t) opt.save_state(r, out.data() + sl[r].first, nullptr, nullptr);
+    }
+    s.comm->all_gather(out.data(), zs.tensor_counts(t));
+  };
+  const int rank = s.comm->rank(), ranks = s.comm->size();
+  auto write_shards = [&](const std::string& staging) {
+    s.comm->barrier();  // rank 0 has made the staging directory
+    const CheckpointFile f =
+        write_tensor_file(staging, zero_shard_file(rank), mine, zero_shard_metadata(ts, sl, rank, ranks));
+    return gather_shard_entries(*s.comm, f, zero_shard_file);
+  };
+  if (!s.leader()) {
+    std::size_t largest = 0;
+    for (const NamedTensor& t : ts) largest = std::max(largest, t.numel);
+    FloatBuffer buf(largest);
+    for (std::size_t t = 0; t < ts.size(); ++t) gather(t, std::span<float>(buf.data(), ts[t].numel));
+    (void)write_shards(staging_dir(s.cfg.out, step));
+    return {};
+  }
+  CheckpointView v = checkpoint_base(s);
+  for (const NamedTensor& t : ts) v.weights.push_back({t.name, t.shape, {}});
+  v.weights_source = gather;
+  v.optimizer = {{"step", opt.step_count()},
+                 {"state_dtype", optimizer::to_string(opt.state_type())},
+                 {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
+                 {"world_size", ranks},
+                 {"delayed_update", false},
+                 {"zero_ranks", ranks}};
+  v.extra_files = write_shards;
+  const std::string dir = save(s.cfg.out, step, v);
+  prune(s.cfg.out, s.cfg.keep);
+  return dir;
 }
 
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
@@ -114,8 +197,9 @@ std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const
 // one file format for both types); optimizer.json records the type. With DiLoCo every rank calls
 // it (a collective): rank 0 writes θ_global as the weights, the momentum and the shared files,
 // every rank its own shard into the same staging directory, and rank 0 commits the whole once
-// every shard is written. Returns the directory on rank 0, "" on the others.
+// every shard is written. Returns the directory on rank 0, "" on the others. ZeRO-1: save_sharded.
 std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step, Diloco* dl) {
+  if (const StateShards* zs = be.state_shards()) return save_sharded(be, s, step, *zs);
   be.synchronize();
   optimizer::AdamW& opt = be.optimizer();
   opt.synchronize();
@@ -124,26 +208,11 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
   std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
   owned.reserve(3 * ts.size());
   for (std::size_t r = 0; r < ts.size(); ++r) {
-    const NamedTensor& t = ts[r];
-    const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
     for (int i = 0; i < 3; ++i) {
-      const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
-      const float* arr = nullptr;
-      const bool fp32 = i == 0 || opt.state_type() == optimizer::StateType::fp32;
-      if (sb.host != nullptr && fp32) {
-        arr = static_cast<const float*>(sb.host);
-      } else {
-        auto& o = owned.emplace_back(t.numel);
-        opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
-        arr = o.data();
-      }
-      state[i].push_back({(dl != nullptr ? kShardPrefixes[i] : "") + t.name, t.shape, std::span<const float>(arr, t.numel)});
+      state[i].push_back({(dl != nullptr ? kShardPrefixes[i] : "") + ts[r].name, ts[r].shape, host_state(opt, r, i, owned)});
     }
   }
-  CheckpointView v;
-  v.data_position = s.loader->state().to_json();
-  v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
-  v.config = s.cfg.to_json();
+  CheckpointView v = checkpoint_base(s);
   if (dl == nullptr) {
     v.weights = state[0];
     v.master = state[0];
@@ -272,7 +341,58 @@ void restore_compute_weights(TrainBackend& be, const TrainSession& s, const Load
   }
 }
 
-void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl) {
+// The optimizer regions of a backend: its ZeRO-1 slices, or every tensor whole.
+std::vector<TensorSlice> optimizer_slices(const TrainBackend& be) {
+  return be.state_shards() != nullptr ? be.state_shards()->slices() : whole_tensors(be.tensors());
+}
+
+// Master, m and v of each of the backend's optimizer regions (whole tensors, or this rank's
+// ZeRO-1 slices) from what the checkpoint holds: whole tensors, or the ZeRO-1 shards of any
+// number of ranks, which `za` assembled while the checkpoint loaded. Either way the weights are
+// the whole fp32 master, and they go into the model whole.
+void restore_state(TrainBackend& be, const TrainSession& s, const LoadedCheckpoint& ck, const SliceAssembler& za) {
+  const CheckpointData& c = ck.data;
+  const std::string& where = ck.dir;
+  const auto& ts = be.tensors();
+  const int zero_ranks = c.optimizer.value("zero_ranks", 0);
+  GHT_EXPECTS(c.weights.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.weights.size()) +
+                                                 " weight tensors; the model has " + std::to_string(ts.size()));
+  for (std::size_t t = 0; t < ts.size(); ++t) check_tensor(where, "weight", c.weights[t], ts[t]);
+  if (zero_ranks > 0) {
+    za.check_complete(where, zero_ranks);
+  } else {
+    GHT_EXPECTS(c.master.size() == ts.size() && c.adam_m.size() == ts.size() && c.adam_v.size() == ts.size(),
+                "checkpoint " + where + " has " + std::to_string(c.master.size()) + " optimizer tensors; the model has " +
+                    std::to_string(ts.size()));
+    for (std::size_t t = 0; t < ts.size(); ++t) {
+      check_tensor(where, "master", c.master[t], ts[t]);
+      check_tensor(where, "adam_m", c.adam_m[t], ts[t]);
+      check_tensor(where, "adam_v", c.adam_v[t], ts[t]);
+    }
+  }
+  // A ZeRO-1 checkpoint's master is its weights file.
+  const std::vector<CheckpointTensor>& master = zero_ranks > 0 ? c.weights : c.master;
+  optimizer::AdamW& opt = be.optimizer();
+  const std::vector<TensorSlice> slices = optimizer_slices(be);
+  for (std::size_t r = 0; r < slices.size(); ++r) {
+    const TensorSlice& x = slices[r];
+    const float* m = zero_ranks > 0 ? za.m(r).data() : c.adam_m[x.tensor].data.data() + x.first;
+    const float* v = zero_ranks > 0 ? za.v(r).data() : c.adam_v[x.tensor].data.data() + x.first;
+    opt.load_state(r, master[x.tensor].data.data() + x.first, m, v);
+  }
+  for (std::size_t t = 0; t < ts.size(); ++t) be.load_weights(t, std::span<const float>(master[t].data.data(), ts[t].numel));
+  restore_compute_weights(be, s, ck);
+  opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
+  const int saved_world = c.optimizer.value("world_size", 1);
+  if (saved_world != s.comm->size() && s.leader()) {
+    log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
+              std::to_string(s.comm->size()) + (zero_ranks > 0 || be.state_shards() != nullptr ? " (optimizer state resharded)" : "") +
+              ": the data continues where it stopped, but each step now reads " + std::to_string(s.comm->size()) + "/" +
+              std::to_string(saved_world) + " times as many tokens");
+  }
+}
+
+void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl, const SliceAssembler& za) {
   const CheckpointData& c = ck.data;
   const std::string& where = ck.dir;
   // The architecture must match; training knobs may change on resume.
@@ -307,25 +427,7 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
                     std::to_string(saved_world) + " ranks");
     restore_diloco(be, s, ck, *dl);
   } else {
-    const auto& ts = be.tensors();
-    GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
-                                                  " optimizer tensors; the model has " + std::to_string(ts.size()));
-    for (std::size_t r = 0; r < ts.size(); ++r) {
-      const auto& t = ts[r];
-      const auto& ms = c.master[r];
-      GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
-                      c.adam_v[r].data.size() == t.numel,
-                  "checkpoint " + where + ": tensor " + ms.name + " does not match the model's " + t.name);
-      opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
-      be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
-    }
-    restore_compute_weights(be, s, ck);
-    opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
-    if (saved_world != s.comm->size() && s.leader()) {
-      log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
-                std::to_string(s.comm->size()) + ": the data continues where it stopped, but each step now reads " +
-                std::to_string(s.comm->size()) + "/" + std::to_string(saved_world) + " times as many tokens");
-    }
+    restore_state(be, s, ck, za);
   }
   s.loader->restore(LoaderState::from_json(c.data_position));
   s.step = c.step;
@@ -448,8 +550,13 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       s.say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights after update "
             "k-1 while update k runs; evals see those weights, checkpoints keep them next to master");
     }
+    // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
+    SliceAssembler za(be.tensors(), optimizer_slices(be));
+    lo.stream_prefix = kZeroShardPrefix;
+    lo.stream = [&za](const std::string& dir, const std::string& file, const StMetadata& meta,
+                      const CheckpointTensorView& t) { za.take(dir, file, meta, t); };
     if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
-      restore(be, s, *ck, dl.get());
+      restore(be, s, *ck, dl.get(), za);
       s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
     } else {
       be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
@@ -474,18 +581,21 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     const StopHandlers handlers;
     const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
     std::int64_t saved_step = -1;
-    // With DiLoCo every rank writes its shard of each checkpoint; otherwise rank 0 alone writes.
+    // With DiLoCo or ZeRO-1 every rank writes its shard of each checkpoint; otherwise rank 0
+    // alone writes.
+    const bool per_rank_shards = dl != nullptr || be.state_shards() != nullptr;
     auto save_ckpt = [&](std::int64_t step) {
-      if (!save_ckpts || (!s.leader() && !dl)) return;
+      if (!save_ckpts || (!s.leader() && !per_rank_shards)) return;
       summary.last_checkpoint = save_checkpoint(be, s, step, dl.get());
       saved_step = step;
     };
     // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
     auto save_before_rethrow = [&](const char* where) {
       if (!save_ckpts || !s.leader() || s.step == summary.first_step || s.step == saved_step) return;
-      if (dl && s.comm->size() > 1) {
+      if (per_rank_shards && s.comm->size() > 1) {
         log::warn(std::string("the run failed in ") + where + "; no checkpoint of step " + std::to_string(s.step) +
-                  ": a DiLoCo checkpoint needs every rank's shard, and the other ranks are not saving");
+                  ": a " + (dl ? "DiLoCo" : "sharded (ZeRO-1)") +
+                  " checkpoint needs every rank's shard, and the other ranks are not saving");
         return;
       }
       try {
@@ -522,10 +632,13 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       }
       ++s.step;
       std::optional<double> pseudo_grad_norm;
+      double outer_seconds = 0;
       if (dl && dl->outer.due(s.step, cfg.steps)) {
+        const auto t_outer = std::chrono::steady_clock::now();
         gather_local(be, *dl);
         pseudo_grad_norm = dl->outer.step();
         scatter_global(be, *dl);
+        outer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outer).count();
       }
 
       StepRecord rec;
@@ -541,7 +654,14 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       rec.elapsed_s = elapsed();
       rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
       log.log_step(rec);
-      if (pseudo_grad_norm) log.log_event({{"type", "outer"}, {"step", s.step}, {"pseudo_grad_norm", *pseudo_grad_norm}});
+      if (pseudo_grad_norm) {
+        // The outer step's time (state copies, the all-reduce, the update) and its all-reduce alone.
+        log.log_event({{"type", "outer"},
+                       {"step", s.step},
+                       {"pseudo_grad_norm", *pseudo_grad_norm},
+                       {"seconds", outer_seconds},
+                       {"allreduce_seconds", dl->outer.last_allreduce_seconds()}});
+      }
       be.after_step(s.step, log);
       summary.last_loss = o.loss;
 

@@ -154,6 +154,7 @@ const std::map<std::string, Setter>& setters() {
       GHT_FIELD("diloco", outer_lr, diloco.outer_lr),
       GHT_FIELD("diloco", outer_momentum, diloco.outer_momentum),
       GHT_FIELD("diloco", bf16_pseudo_grads, diloco.bf16_pseudo_grads),
+      GHT_FIELD("dist", optimizer_state, dist.optimizer_state),
   };
   return s;
 }
@@ -188,7 +189,7 @@ void apply_document(TrainConfig& c, const toml::value& doc, const std::string& o
   for (const auto& [section, table] : top) {
     if (!table.is_table()) {
       throw ght::logic_error(origin + ": '" + section +
-                             "' must be a table ([model], [train], [optimizer], [schedule], [diloco])");
+                             "' must be a table ([model], [train], [optimizer], [schedule], [diloco], [dist])");
     }
     for (const auto& [key, value] : table.as_table()) {
       if (section == "model" && key == "preset") continue;
@@ -270,6 +271,9 @@ void TrainConfig::validate() const {
                                  std::to_string(diloco.inner_steps) +
                                  "), so that evals see the synchronised model (0: only at the end)");
   }
+  if (!dist.sharded() && dist.optimizer_state != "replicated") {
+    fail("dist.optimizer_state", "must be sharded or replicated, got '" + dist.optimizer_state + "'");
+  }
   schedule.validate();
 }
 
@@ -299,6 +303,7 @@ nlohmann::ordered_json TrainConfig::to_json() const {
                    {"decay_fraction", schedule.decay_fraction}};
   j["diloco"] = {{"inner_steps", diloco.inner_steps}, {"outer_lr", diloco.outer_lr},
                  {"outer_momentum", diloco.outer_momentum}, {"bf16_pseudo_grads", diloco.bf16_pseudo_grads}};
+  j["dist"] = {{"optimizer_state", dist.optimizer_state}};
   return j;
 }
 

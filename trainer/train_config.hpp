@@ -13,6 +13,7 @@
  *   [optimizer]  beta1, beta2, eps, weight_decay, max_grad_norm
  *   [schedule]   kind (cosine|linear|wsd|constant), lr, min_lr, warmup_steps, decay_fraction
  *   [diloco]     inner_steps, outer_lr, outer_momentum, bf16_pseudo_grads (trainer/diloco.hpp)
+ *   [dist]       optimizer_state (sharded|replicated: ZeRO-1 or not, trainer/zero.hpp)
  * Overrides use the same names: "model.d_model=128", "train.steps=500", "schedule.lr=1e-3".
  *
  * Every integer is range-checked before it is narrowed (model fields: model_int_ranges(); train
@@ -47,11 +48,21 @@ struct DilocoConfig {
   [[nodiscard]] bool on() const noexcept { return inner_steps > 0; }
 };
 
+/// Several data-parallel processes (trainer/zero.hpp). One process ignores it.
+struct DistConfig {
+  /// "sharded": ZeRO-1, each of N > 1 ranks holds 1/N of master, m and v (gradients
+  /// reduce-scattered, weights all-gathered); "replicated": every rank holds all of it (gradients
+  /// all-reduced). DiLoCo's workers keep their own whole state either way.
+  std::string optimizer_state = "sharded";
+  [[nodiscard]] bool sharded() const noexcept { return optimizer_state == "sharded"; }
+};
+
 struct TrainConfig {
   ModelConfig model;
   ScheduleConfig schedule;     ///< total_steps follows `steps`
   optimizer::AdamWHyper adam;
   DilocoConfig diloco;
+  DistConfig dist;
   std::string data = "build/data/demo";  ///< directory or glob of train_*/val_* shards
   std::string out = "runs/tiny";         ///< run directory: checkpoints, log.jsonl
   std::int64_t steps = 1000;

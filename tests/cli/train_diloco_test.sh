@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # DiLoCo on the CPU backend (trainer/diloco.hpp), through `ght train` and `mpirun`.
 #
-# 1. Refusals that need no mpirun: train.backend=cuda with DiLoCo names diloco.inner_steps; a bad
-#    diloco value names its key.
+# 1. Refusals that need no mpirun: a bad diloco value names its key. (DiLoCo on the CUDA
+#    backend: tests/cli/train_nccl_test.sh.)
 # 2. One process, H=1, outer lr 1, momentum 0 against data parallel (plain training). The inner
 #    AdamW step is the same computation, so step 1's loss is bit-identical. The outer step then
 #    sets θ = fl(θ_g − fl(θ_g − θ_l)): that is θ_l exactly where the fp32 pseudo-gradient
@@ -28,10 +28,6 @@ args=("${small_args[@]}" --data "$work/data" -o train.backend=cpu -o train.threa
 sync_args=(-o diloco.inner_steps=1 -o diloco.outer_lr=1 -o diloco.outer_momentum=0)
 
 # 1. Refusals.
-if "$ght" train "${args[@]}" --steps 2 --out "$work/cuda" -o train.backend=cuda -o diloco.inner_steps=2 >"$work/cuda.out" 2>&1; then
-  fail "DiLoCo with train.backend=cuda was accepted"
-fi
-grep -q "diloco.inner_steps=2 with train.backend=cuda" "$work/cuda.out" || { cat "$work/cuda.out"; fail "no clear cuda refusal"; }
 if "$ght" train "${args[@]}" --steps 2 --out "$work/bad" -o diloco.inner_steps=2 -o diloco.outer_lr=0 >"$work/bad.out" 2>&1; then
   fail "diloco.outer_lr=0 was accepted"
 fi
@@ -108,7 +104,7 @@ a=$(losses_after "$work/full/log.jsonl" 4)
 b=$(losses_after "$work/part/log.jsonl" 4)
 [ "$(echo "$a" | wc -l)" -eq 4 ] || fail "expected 4 steps after step 4"
 [ "$a" = "$b" ] || { diff <(echo "$a") <(echo "$b"); fail "losses after a mid-window resume are not bit-identical"; }
-outer() { grep '"type":"outer"' "$1" | sed 's/,"run_id".*//'; }
+outer() { grep '"type":"outer"' "$1" | sed 's/,"seconds".*//'; }  # timings differ
 [ "$(outer "$work/full/log.jsonl")" = "$(outer "$work/part/log.jsonl")" ] || fail "outer records differ after resume"
 for f in model.safetensors diloco.momentum.safetensors diloco.rank_00000.safetensors diloco.rank_00001.safetensors; do
   cmp -s "$work/full/ckpt_00000008/$f" "$work/part/ckpt_00000008/$f" || fail "$f differs after the resume"
