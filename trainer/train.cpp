@@ -215,12 +215,6 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   cfg.validate();
   const dist::Launch launch = dist::detect_launch(dist::process_env());
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
-    if (cfg.diloco.on()) {
-      throw ght::config_error("diloco.inner_steps=" + std::to_string(cfg.diloco.inner_steps) + " with train.backend=" +
-                              cfg.backend + " (cuda): DiLoCo runs on the cpu backend only (the CUDA backend's "
-                              "several processes are data parallel over NCCL, with no outer step yet); set "
-                              "train.backend=cpu or diloco.inner_steps=0");
-    }
     // Several processes need NCCL (GPU data) and MPI (its set-up): refused before anything runs.
     dist::check_gpu_launch(launch, dist::have_nccl(), dist::have_mpi());
 #ifdef GHT_HAVE_CUDA
