@@ -11,7 +11,8 @@
 #    ranks on a node than visible GPUs (CUDA_VISIBLE_DEVICES=0: the message names the local-rank
 #    variable). DiLoCo on one GPU with H=1, outer lr 1, momentum 0 against plain training: the
 #    outer step gives θ = θ_local up to the rounding of the fp32 pseudo-gradient
-#    (train_diloco_test.sh), so within the CUDA backend's run-to-run bound (1e-3 relative).
+#    (train_diloco_test.sh), so within the CUDA backend's run-to-run bounds (below: 1e-3 relative
+#    on losses, 1e-2 on grad norms).
 # 3. With two GPUs or more: 2 GPUs x 1 micro-batch against 1 GPU x 2 micro-batches over 5 steps
 #    of the tiny preset: the same data in the same order and the same 1/(N·A) gradient scale, so
 #    only the order of the gradient sums differs (NCCL's average of two fp32 buffers against one
@@ -25,7 +26,7 @@
 #    the optimizer state (ZeRO-1, the default); the same with replicated state is held to the
 #    same bounds. Rank 0 alone writes: one log.jsonl with 5 step records, one "done:" line, the
 #    checkpoint (one zero.rank file per rank).
-# 4. With two GPUs: resume on 2 GPUs (stop at 3, resume) within 1e-3 of the uninterrupted run
+# 4. With two GPUs: resume on 2 GPUs (stop at 3, resume) within those bounds of the uninterrupted run
 #    (not bitwise: cuDNN's atomics); the 2-GPU checkpoint resumes on 1 GPU (resharded);
 #    `ght export --hf` of it holds every tensor, within 1e-3 of the largest weight of the
 #    replicated run's export; DiLoCo on 2 GPUs (H=2) runs, logs its outer steps and learns.
@@ -81,24 +82,11 @@ grep -q "OMPI_COMM_WORLD_LOCAL_RANK=1.*only 1 CUDA device(s) (CUDA_VISIBLE_DEVIC
   || { cat "$work/over.out"; fail "more ranks than GPUs: no clear error"; }
 echo "refused: two ranks on one GPU, and two ranks with one visible GPU"
 
-# Losses (and grad norms) of two runs' steps after FIRST within BOUND relative.
-close_steps() {
-  python3 - "$@" <<'PY'
-import json, sys
-a, b, bound, first = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-def steps(p):
-    return [r for r in map(json.loads, open(p + "/log.jsonl")) if r.get("type") == "step" and r["step"] > first]
-sa, sb = steps(a), steps(b)
-assert len(sa) == len(sb) > 0, (len(sa), len(sb))
-worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(sa, sb))
-print(f"{len(sa)} steps: worst loss difference {worst:.1e} relative (bound {bound})")
-assert worst <= bound, f"{a} vs {b}: losses differ by {worst:.2e} > {bound}"
-PY
-}
+compare() { python3 "$root/tests/cli/compare_runs.py" "$@"; }
 "$ght" train "${args[@]}" --out "$work/plain1" >/dev/null 2>&1 || fail "1-GPU plain run failed"
 "$ght" train "${args[@]}" --out "$work/diloco1" -o diloco.inner_steps=1 -o diloco.outer_lr=1 -o diloco.outer_momentum=0 \
   >"$work/diloco1.out" 2>&1 || { cat "$work/diloco1.out"; fail "1-GPU DiLoCo failed"; }
-close_steps "$work/plain1" "$work/diloco1" 1e-3 0 || fail "1-GPU DiLoCo(H=1, lr 1, momentum 0) is not plain training within 1e-3"
+compare steps "$work/plain1" "$work/diloco1" 1e-3 0 1e-2 || fail "1-GPU DiLoCo(H=1, lr 1, momentum 0) is not plain training within 1e-3"
 [ "$(grep -c '"type":"outer"' "$work/diloco1/log.jsonl")" -eq 5 ] || fail "expected 5 outer records from 1-GPU DiLoCo H=1"
 
 if [ "$gpus" -lt 2 ]; then
@@ -141,35 +129,21 @@ PY
 [ -f "$work/two/ckpt_00000005/zero.rank_00001.safetensors" ] || fail "the 2-GPU checkpoint has no rank 1 shard"
 np2 "$ght" train "${args[@]}" --out "$work/two_r" -o model.grad_accum=1 -o dist.optimizer_state=replicated \
   >"$work/two_r.out" 2>&1 || { cat "$work/two_r.out"; fail "2 GPUs with replicated state failed"; }
-close_steps "$work/two" "$work/two_r" 1e-3 0 || fail "2 GPUs sharded vs replicated"
+compare steps "$work/two" "$work/two_r" 1e-3 0 1e-2 || fail "2 GPUs sharded vs replicated"
 
 # 4. Resume, reshard, export, DiLoCo on 2 GPUs.
 np2 "$ght" train "${args[@]}" --out "$work/part" -o model.grad_accum=1 --stop-at 3 >/dev/null 2>&1 || fail "2 GPUs --stop-at 3 failed"
 np2 "$ght" train "${args[@]}" --out "$work/part" -o model.grad_accum=1 --resume auto >"$work/resume.out" 2>&1 \
   || { cat "$work/resume.out"; fail "2-GPU resume failed"; }
 grep -q "resumed from .*ckpt_00000003 at step 3" "$work/resume.out" || { cat "$work/resume.out"; fail "did not resume from step 3"; }
-close_steps "$work/two" "$work/part" 1e-3 3 || fail "2-GPU resume is not within the bound"
+compare steps "$work/two" "$work/part" 1e-3 3 1e-2 || fail "2-GPU resume is not within the bound"
 "$ght" train "${args[@]}" --out "$work/one_from_two" -o model.grad_accum=1 --resume "$work/part/ckpt_00000003" \
   >"$work/one_from_two.out" 2>&1 || { cat "$work/one_from_two.out"; fail "1 GPU did not resume the 2-GPU checkpoint"; }
 grep -q "optimizer state resharded" "$work/one_from_two.out" || fail "no resharding warning on 1 GPU"
 "$ght" export --hf "$work/hf_two" --ckpt "$work/two/ckpt_00000005" >/dev/null || fail "export of the 2-GPU checkpoint failed"
 "$ght" export --hf "$work/hf_two_r" --ckpt "$work/two_r/ckpt_00000005" >/dev/null || fail "export of the replicated checkpoint failed"
-python3 - "$work/hf_two/model.safetensors" "$work/hf_two_r/model.safetensors" <<'PY' || fail "the 2-GPU export"
-import json, struct, sys
-def weights(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: struct.unpack(f"<{(t['data_offsets'][1] - t['data_offsets'][0]) // 4}f",
-                             raw[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]])
-            for k, t in head.items() if k != "__metadata__"}
-a, b = weights(sys.argv[1]), weights(sys.argv[2])
-assert a.keys() == b.keys(), sorted(a.keys() ^ b.keys())[:5]
-scale = max(abs(v) for t in b.values() for v in t)
-worst = max(abs(x - y) for k in a for x, y in zip(a[k], b[k])) / scale
-print(f"export --hf of the 2-GPU sharded checkpoint: {len(a)} tensors, within {worst:.1e} of the replicated run's")
-assert worst <= 1e-3, worst
-PY
+echo -n "export --hf of the 2-GPU sharded checkpoint against the replicated run's: "
+compare weights "$work/hf_two/model.safetensors" "$work/hf_two_r/model.safetensors" 1e-3 || fail "the 2-GPU export"
 np2 "$ght" train "${base[@]}" --steps 8 --out "$work/diloco2" -o model.grad_accum=1 -o diloco.inner_steps=2 \
   -o train.eval_every=4 >"$work/diloco2.out" 2>&1 || { cat "$work/diloco2.out"; fail "2-GPU DiLoCo failed"; }
 [ "$(grep -c '"type":"outer"' "$work/diloco2/log.jsonl")" -eq 4 ] || fail "expected 4 outer records from 2-GPU DiLoCo H=2 over 8 steps"

@@ -49,41 +49,10 @@ if ! np 2 "${args[@]}" --out "$work/z" >"$work/z.out" 2>&1; then
 fi
 grep -q "AdamW state sharded (ZeRO-1: this rank holds" "$work/z.out" || { cat "$work/z.out"; fail "the run does not say it shards"; }
 np 2 "${args[@]}" --out "$work/r" "${replicated[@]}" >"$work/r.out" 2>&1 || { cat "$work/r.out"; fail "replicated run failed"; }
-cat > "$work/compare.py" <<'PY'
-import json, struct, sys
-def steps(run):
-    return [r for r in map(json.loads, open(run + "/log.jsonl")) if r.get("type") == "step"]
-def weights(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: struct.unpack(f"<{(t['data_offsets'][1] - t['data_offsets'][0]) // 4}f",
-                             raw[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]])
-            for k, t in head.items() if k != "__metadata__"}
-def close_weights(pa, pb, bound, what):
-    wa, wb = weights(pa), weights(pb)
-    assert wa.keys() == wb.keys(), f"{what}: tensors differ: {sorted(wa.keys() ^ wb.keys())[:5]}"
-    scale = max(abs(v) for t in wa.values() for v in t)
-    worst = max(abs(x - y) for k in wa for x, y in zip(wa[k], wb[k])) / scale
-    assert worst <= bound, f"{what}: weights differ by {worst:.2e} of the largest weight > {bound}"
-    return worst, len(wa)
-if __name__ == "__main__":
-    a, b, bound, first = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-    sa, sb = [s for s in steps(a) if s["step"] > first], [s for s in steps(b) if s["step"] > first]
-    assert len(sa) == len(sb) > 0, (len(sa), len(sb))
-    worst = 0.0
-    for x, y in zip(sa, sb):
-        for k in ("loss", "grad_norm", "aux_loss"):
-            rel = abs(x[k] - y[k]) / abs(x[k])
-            worst = max(worst, rel)
-            assert rel <= bound, f"step {x['step']} {k}: {x[k]!r} vs {y[k]!r}, relative {rel:.2e} > {bound}"
-    print(f"{len(sa)} steps within {worst:.1e} relative (bound {bound})")
-PY
-python3 "$work/compare.py" "$work/z" "$work/r" 1e-6 0 || fail "sharded and replicated 2-rank runs differ"
-python3 -c "
-import sys; sys.path.insert(0, '$work'); from compare import close_weights
-w, n = close_weights('$work/z/ckpt_00000005/model.safetensors', '$work/r/ckpt_00000005/model.safetensors', 1e-6, 'final weights')
-print(f'final weights of {n} tensors within {w:.1e} of the largest')" || fail "sharded and replicated final weights differ"
+compare() { python3 "$root/tests/cli/compare_runs.py" "$@"; }
+compare steps "$work/z" "$work/r" 1e-6 0 || fail "sharded and replicated 2-rank runs differ"
+compare weights "$work/z/ckpt_00000005/model.safetensors" "$work/r/ckpt_00000005/model.safetensors" 1e-6 \
+  || fail "sharded and replicated final weights differ"
 for f in zero.rank_00000.safetensors zero.rank_00001.safetensors; do
   [ -f "$work/z/ckpt_00000005/$f" ] || fail "the sharded checkpoint has no $f"
 done
@@ -106,12 +75,12 @@ np 2 "${args[@]}" --out "$work/rpart" "${replicated[@]}" --stop-at 3 >/dev/null 
   || { cat "$work/one_z.out"; fail "1 process did not resume the 2-rank sharded checkpoint"; }
 grep -q "written by 2 process(es), this run has 1 (optimizer state resharded)" "$work/one_z.out" || { cat "$work/one_z.out"; fail "no resharding warning"; }
 "$ght" train "${args[@]}" --out "$work/one_r" --resume "$work/rpart/ckpt_00000003" >/dev/null 2>&1 || fail "1 process did not resume the replicated checkpoint"
-python3 "$work/compare.py" "$work/one_z" "$work/one_r" 1e-6 3 || fail "2 sharded ranks -> 1 process differs from 2 replicated ranks -> 1 process"
+compare steps "$work/one_z" "$work/one_r" 1e-6 3 || fail "2 sharded ranks -> 1 process differs from 2 replicated ranks -> 1 process"
 np 4 "${args[@]}" --out "$work/four_z" --resume "$work/part/ckpt_00000003" >"$work/four_z.out" 2>&1 \
   || { cat "$work/four_z.out"; fail "4 ranks did not resume the 2-rank sharded checkpoint"; }
 np 4 "${args[@]}" --out "$work/four_r" "${replicated[@]}" --resume "$work/rpart/ckpt_00000003" >/dev/null 2>&1 \
   || fail "4 replicated ranks did not resume the replicated checkpoint"
-python3 "$work/compare.py" "$work/four_z" "$work/four_r" 1e-6 3 || fail "2 -> 4 sharded ranks differs from 2 -> 4 replicated"
+compare steps "$work/four_z" "$work/four_r" 1e-6 3 || fail "2 -> 4 sharded ranks differs from 2 -> 4 replicated"
 [ -f "$work/four_z/ckpt_00000005/zero.rank_00003.safetensors" ] || fail "the 4-rank checkpoint has no rank 3 shard"
 echo "resharded 2 -> 1 and 2 -> 4 ranks: the same steps as the replicated checkpoint resumed alike"
 
@@ -129,10 +98,8 @@ echo "missing shard: $(grep -o 'checkpoint [^ ]*: missing' "$work/missing.out" |
 # 6.
 "$ght" export --hf "$work/hf_z" --ckpt "$work/z/ckpt_00000005" >/dev/null || fail "export of the sharded checkpoint failed"
 "$ght" export --hf "$work/hf_r" --ckpt "$work/r/ckpt_00000005" >/dev/null || fail "export of the replicated checkpoint failed"
-python3 -c "
-import sys; sys.path.insert(0, '$work'); from compare import close_weights
-w, n = close_weights('$work/hf_z/model.safetensors', '$work/hf_r/model.safetensors', 1e-6, 'export')
-print(f'export --hf of the 2-rank sharded checkpoint: {n} tensors, within {w:.1e} of the replicated run')" || fail "the export differs"
+echo -n "export --hf of the 2-rank sharded checkpoint against the replicated run's: "
+compare weights "$work/hf_z/model.safetensors" "$work/hf_r/model.safetensors" 1e-6 || fail "the export differs"
 
 # 7.
 if GHT_OPT_DELAY=1 np 2 "${args[@]}" --out "$work/delay" >"$work/delay.out" 2>&1; then fail "GHT_OPT_DELAY=1 with sharded state ran"; fi

@@ -137,8 +137,8 @@ struct StepProfile {
   bool speculation_undone = false;    // ...and recomputed or restored after it
   bool traced = false;                // its kernels were traced (--trace-kernels): perturbed
   std::optional<double> prev_opt_update_ms;
-  // ZeRO-1 (CudaRun::measure_comm): reduce-scatter span, its part after the last backward, the
-  // previous step's all-gather span.
+  // ZeRO-1 (CudaRun::measure_comm): the reductions' GPU time, the part of it after the last
+  // backward, the previous step's all-gathers' GPU time.
   std::optional<double> dp_reduce_ms, dp_reduce_exposed_ms, dp_gather_ms;
   nlohmann::ordered_json memory;  // memory_json() after the step: bytes per tier and class
   [[nodiscard]] nlohmann::ordered_json json() const {
@@ -331,14 +331,15 @@ class CudaRun final : public TrainBackend {
   std::unique_ptr<StateShards> shards_;
   std::vector<TensorSlice> slices_;
   cudaStream_t comm_stream_ = nullptr;
-  struct ZeroEvents {
-    explicit ZeroEvents(std::size_t units) : grads_final(units), gathered(units) {}
-    std::vector<Event> grads_final, gathered;  // per unit
-    Event reduce_start, reduce_end, gather_start, gather_end;
+  struct ZeroEvents {  // per unit; *_begin after the comm stream's waits, so a pair times one collective
+    explicit ZeroEvents(std::size_t units)
+        : grads_final(units), reduce_begin(units), reduce_done(units), gather_begin(units), gathered(units) {}
+    std::vector<Event> grads_final, reduce_begin, reduce_done, gather_begin, gathered;
+    Event reduce_end;  // after every unit's reduction: what the norm waits for
   };
   std::unique_ptr<ZeroEvents> zev_;        // made with shards_ (CUDA calls wait for setup)
-  bool gathers_queued_ = false;            // gather_start/end hold the last step's gathers
-  std::optional<double> prev_gather_ms_;  // their span, once complete
+  bool gathers_queued_ = false;            // gather_begin/gathered hold the last step's gathers
+  std::optional<double> prev_gather_ms_;  // their time, once complete
   std::unique_ptr<dist::GpuCommunicator> gpu_comm_;  // world size > 1 only; goes first
 };
 
@@ -766,7 +767,11 @@ void CudaRun::reduce_gradients() {
     GHT_CUDA_TRY(cudaStreamWaitEvent(s, zev_->reduce_end.get(), 0));
     gpu_comm_->wait(comm_stream_);
     // The previous step's gathers came before this step's reductions on the comm stream.
-    if (gathers_queued_) prev_gather_ms_ = elapsed_ms(zev_->gather_start, zev_->gather_end);
+    if (gathers_queued_) {
+      double ms = 0;
+      for (std::size_t b = 0; b < unit_range_.size(); ++b) ms += elapsed_ms(zev_->gather_begin[b], zev_->gathered[b]);
+      prev_gather_ms_ = ms;
+    }
     return;
   }
   const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
@@ -789,9 +794,10 @@ void CudaRun::reduce_unit(int u) {
   auto* g = static_cast<char*>(model_->grads());
   zev_->grads_final[b].record(model_->stream());
   GHT_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, zev_->grads_final[b].get(), 0));
-  if (u == model_->num_units() - 1) zev_->reduce_start.record(comm_stream_);  // the first unit backward ends
+  zev_->reduce_begin[b].record(comm_stream_);
   if (q > 0) gpu_comm_->reduce_scatter(g + a * gsize, g + (a + me * q) * gsize, q, t, dist::GpuReduce::avg, comm_stream_);
   if (n > ranks * q) gpu_comm_->allreduce(g + (a + ranks * q) * gsize, n - ranks * q, t, dist::GpuReduce::avg, comm_stream_);
+  zev_->reduce_done[b].record(comm_stream_);
 }
 
 // ZeRO-1, after this rank's updates were queued: unit by unit, once the unit's regions are
@@ -803,9 +809,9 @@ void CudaRun::gather_weights() {
   const dist::ShardLayout& l = shards_->layout();
   const auto ranks = static_cast<std::size_t>(l.ranks()), me = static_cast<std::size_t>(shards_->rank());
   __nv_bfloat16* w = model_->weights();
-  zev_->gather_start.record(comm_stream_);
   for (std::size_t b = 0; b < l.buckets().size(); ++b) {
     for (std::size_t r : unit_regions_[b]) GHT_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, opt_->region_event(r), 0));
+    zev_->gather_begin[b].record(comm_stream_);
     const std::size_t a = l.buckets()[b].begin, n = l.buckets()[b].size(), q = l.even(b);
     if (q > 0) gpu_comm_->all_gather(w + a + me * q, w + a, q, dist::GpuType::bf16, comm_stream_);
     if (n > ranks * q) {
@@ -813,17 +819,19 @@ void CudaRun::gather_weights() {
     }
     zev_->gathered[b].record(comm_stream_);
   }
-  zev_->gather_end.record(comm_stream_);
   gathers_queued_ = true;
 }
 
-// ZeRO-1 timings of the step that just ran: the reduce-scatters from the end of the first unit
-// backward to the last collective, the part of them after the last backward (what the norm waited
-// for), and the all-gathers of the step before (this step's are still running).
+// ZeRO-1 timings of the step that just ran: the reductions' GPU time (the sum over units, each
+// from when the comm stream started it), the part of the comm stream's work after the last
+// backward (what the norm waited for), and the all-gathers' time of the step before (this step's
+// are still running).
 void CudaRun::measure_comm(StepProfile& p) const {
   if (!shards_) return;
   const int A = cfg_.model.grad_accum;
-  p.dp_reduce_ms = elapsed_ms(zev_->reduce_start, zev_->reduce_end);
+  double ms = 0;
+  for (std::size_t b = 0; b < unit_range_.size(); ++b) ms += elapsed_ms(zev_->reduce_begin[b], zev_->reduce_done[b]);
+  p.dp_reduce_ms = ms;
   p.dp_reduce_exposed_ms = std::max(0.0, elapsed_ms(cur_->bwd_end[static_cast<std::size_t>(A - 1)], zev_->reduce_end));
   p.dp_gather_ms = prev_gather_ms_;
 }

@@ -30,6 +30,7 @@
 #include "trainer/dist/comm.hpp"
 #include "trainer/dist/launch.hpp"
 #include "trainer/loop.hpp"
+#include "trainer/mpi/mpi_main.hpp"
 #include "trainer/train_run_util.hpp"
 #include "trainer/zero.hpp"
 
@@ -290,12 +291,4 @@ TEST_F(ZeroMpi, NormClipAndNonFiniteSkipAreTheWholeModels) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_comm = ght::dist::make_communicator(ght::dist::detect_launch(ght::dist::process_env()));
-  const int rc = RUN_ALL_TESTS();
-  int flag = rc, any = 0;
-  MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  g_comm.reset();  // MPI_Finalize
-  return any;
-}
+int main(int argc, char** argv) { return ght::test::run_mpi_tests(argc, argv, g_comm); }
