@@ -40,10 +40,20 @@ struct StopHandlers {
   StopHandlers& operator=(const StopHandlers&) = delete;
 };
 
-// DiLoCo's outer optimizer, with the backend's tensors laid out flat in tensor order.
+// DiLoCo's outer optimizer, with the backend's tensors laid out flat in tensor order; streaming
+// DiLoCo's fragments as tensor lists (`fragments`) and flat ranges (the outer optimizer's).
 struct Diloco {
   // `offset` is declared first: it is filled while `outer` is constructed.
-  Diloco(TrainBackend& be, const TrainSession& s) : outer(s.cfg.diloco, flat_size(be, offset), *s.comm, be.optimizer().allocator()) {}
+  Diloco(TrainBackend& be, const TrainSession& s) : outer(s.cfg.diloco, flat_size(be, offset), *s.comm, be.optimizer().allocator()) {
+    if (!s.cfg.diloco.streaming()) return;
+    fragments = diloco_fragment_tensors(be.tensors(), static_cast<int>(s.cfg.diloco.fragments));
+    std::vector<std::vector<dist::Range>> ranges;
+    for (const auto& f : fragments) {
+      auto& r = ranges.emplace_back();
+      for (std::size_t t : f) r.push_back({offset[t], offset[t] + be.tensors()[t].numel});
+    }
+    outer.set_fragments(std::move(ranges));
+  }
   // Offsets of the tensors in the flat buffers; returns the total.
   static std::size_t flat_size(TrainBackend& be, std::vector<std::size_t>& offset) {
     std::size_t n = 0;
@@ -59,11 +69,14 @@ struct Diloco {
   }
   std::vector<std::size_t> offset;
   DilocoOuter outer;
+  std::vector<std::vector<std::size_t>> fragments;  // streaming: tensor indices per fragment
 };
 
 // The shared part's momentum file and each rank's shard: its θ_local (= its AdamW master), m and
 // v as tensors "master.<name>", "adam_m.<name>", "adam_v.<name>", its AdamW step in the metadata.
 constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
+// Streaming DiLoCo: the summed pseudo-gradients of the fragment in flight at the checkpoint.
+constexpr const char* kPendingFile = "diloco.pending.safetensors";
 // GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master).
 constexpr const char* kComputeWeightsFile = "delayed.compute_weights.safetensors";
 constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
@@ -73,20 +86,71 @@ std::string shard_file(int rank) {
   return buf;
 }
 
-// θ_local (the optimizer's master) -> outer.local().
-void gather_local(TrainBackend& be, Diloco& d) {
-  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
-    be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
-  }
+// Every tensor, in order.
+std::vector<std::size_t> all_tensors(const TrainBackend& be) {
+  std::vector<std::size_t> t(be.tensors().size());
+  for (std::size_t r = 0; r < t.size(); ++r) t[r] = r;
+  return t;
 }
 
-// θ_global -> the optimizer's master and the model's weights.
-void scatter_global(TrainBackend& be, Diloco& d) {
-  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
-    const std::span<float> g = d.slice(d.outer.global(), r, be);
+// θ_local (the optimizer's master) -> outer.local(), for the tensors `which`.
+void gather_local(TrainBackend& be, Diloco& d, const std::vector<std::size_t>& which) {
+  for (std::size_t r : which) be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
+}
+
+// A flat buffer (θ_global, or a streaming fragment's merged weights) -> the optimizer's master
+// and the model's weights, for the tensors `which`.
+void scatter(TrainBackend& be, Diloco& d, std::span<float> flat, const std::vector<std::size_t>& which) {
+  for (std::size_t r : which) {
+    const std::span<float> g = d.slice(flat, r, be);
     be.optimizer().load_state(r, g.data(), nullptr, nullptr);
     be.load_weights(r, g);
   }
+}
+
+// The outer optimizer's work after inner step `step` (plain: the whole-model step every H steps
+// and after the last; streaming: the fragment schedule, DilocoOuter::due_streaming); returns the
+// outer record to log, if any.
+std::optional<nlohmann::ordered_json> outer_work(TrainBackend& be, Diloco& d, const TrainConfig& cfg, std::int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto record = [&](double norm, std::optional<std::size_t> fragment) {
+    nlohmann::ordered_json j = {{"type", "outer"}, {"step", step}};
+    if (fragment) j["fragment"] = *fragment;
+    j["pseudo_grad_norm"] = norm;
+    // The outer work's time (state copies, the all-reduce or its unhidden wait, the update).
+    j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    j["allreduce_seconds"] = d.outer.last_allreduce_seconds();
+    return j;
+  };
+  const std::vector<std::size_t> every = all_tensors(be);
+  if (!cfg.diloco.streaming()) {
+    if (!d.outer.due(step, cfg.steps)) return std::nullopt;
+    gather_local(be, d, every);
+    const double norm = d.outer.step();
+    scatter(be, d, d.outer.global(), every);
+    return record(norm, std::nullopt);
+  }
+  const OuterDue due = d.outer.due_streaming(step, cfg.steps);
+  std::optional<nlohmann::ordered_json> out;
+  if (due.send) {
+    gather_local(be, d, d.fragments[*due.send]);
+    d.outer.send(*due.send, step);
+  }
+  if (due.apply) {
+    const auto& f = d.fragments[*due.apply];
+    gather_local(be, d, f);
+    const double norm = d.outer.apply(*due.apply);
+    scatter(be, d, d.outer.local(), f);
+    out = record(norm, *due.apply);
+  }
+  if (due.full) {
+    gather_local(be, d, every);
+    const double norm = d.outer.step();
+    scatter(be, d, d.outer.global(), every);
+    out = record(norm, std::nullopt);  // the closing step's record (a fragment's applied just before goes unlogged)
+  }
+  d.outer.progress();
+  return out;
 }
 
 std::vector<CheckpointTensorView> flat_views(const TrainBackend& be, const Diloco& d, std::span<const float> flat) {
@@ -248,10 +312,20 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
                                  {"optimizer_step", std::to_string(opt.step_count())}};
   v.weights = flat_views(be, *dl, dl->outer.global());
   v.optimizer = {{"state_dtype", optimizer::to_string(opt.state_type())}, {"world_size", s.comm->size()}, {"diloco", true}};
+  // Streaming: a fragment's all-reduce in flight is waited for, and its (identical on every rank)
+  // sum goes into the checkpoint, to be applied after the same step on resume.
+  const std::span<const float> pending = dl->outer.settle();
+  const std::optional<std::size_t> pending_fragment = dl->outer.pending();
   auto write_shards = [&](const std::string& staging) {
     s.comm->barrier();  // rank 0 has made the staging directory
     std::vector<CheckpointFile> files;
     if (s.leader()) files.push_back(write_tensor_file(staging, kMomentumFile, flat_views(be, *dl, dl->outer.momentum()), {{"format", "pt"}}));
+    if (s.leader() && pending_fragment) {
+      files.push_back(write_tensor_file(staging, kPendingFile, {{"pending", {static_cast<std::int64_t>(pending.size())}, pending}},
+                                        {{"format", "pt"},
+                                         {"fragment", std::to_string(*pending_fragment)},
+                                         {"sent_at", std::to_string(dl->outer.pending_sent_at())}}));
+    }
     const CheckpointFile mine = write_tensor_file(staging, shard_file(s.comm->rank()), shard, shard_meta);
     for (CheckpointFile& f : gather_shard_entries(*s.comm, mine)) files.push_back(std::move(f));
     return files;
@@ -310,6 +384,19 @@ void restore_diloco(TrainBackend& be, const TrainSession& s, const LoadedCheckpo
   const auto step = shard.metadata.find("optimizer_step");
   GHT_EXPECTS(step != shard.metadata.end(), "checkpoint " + ck.dir + ": " + shard_file(rank) + " has no optimizer_step");
   opt.set_step_count(std::stoll(step->second));
+  // Streaming: the fragment in flight when the checkpoint was written, on the same fragments.
+  if (const auto p = c.tensor_files.find(kPendingFile); p != c.tensor_files.end()) {
+    const DilocoConfig saved = TrainConfig::from_json(c.config).diloco;
+    GHT_EXPECTS(saved.fragments == s.cfg.diloco.fragments && saved.overlap_steps == s.cfg.diloco.overlap_steps,
+                "checkpoint " + ck.dir + " holds a streaming DiLoCo fragment in flight of diloco.fragments=" +
+                    std::to_string(saved.fragments) + ", overlap_steps=" + std::to_string(saved.overlap_steps) +
+                    "; this run has " + std::to_string(s.cfg.diloco.fragments) + " and " +
+                    std::to_string(s.cfg.diloco.overlap_steps) + ": resume it with the same two");
+    const auto& m = p->second.metadata;
+    GHT_EXPECTS(m.contains("fragment") && m.contains("sent_at") && p->second.tensors.size() == 1,
+                "checkpoint " + ck.dir + ": " + kPendingFile + " is malformed");
+    dl.outer.restore_pending(std::stoul(m.at("fragment")), std::stoll(m.at("sent_at")), p->second.tensors[0].data);
+  }
 }
 
 // Delayed mode: the next step computes with the weights the checkpoint kept for it. A checkpoint
@@ -533,7 +620,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     LoadOptions lo;
     if (cfg.diloco.on()) {
       dl = std::make_unique<Diloco>(be, s);
-      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank())};
+      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank()), kPendingFile};
       GHT_EXPECTS(!be.delayed_update(), "GHT_OPT_DELAY=1 with DiLoCo (diloco.inner_steps=" +
                                             std::to_string(cfg.diloco.inner_steps) +
                                             "): the delayed update is not built for DiLoCo's inner steps; unset one");
@@ -544,6 +631,17 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
                     s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
                     cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
       s.say(buf);
+      if (cfg.diloco.streaming()) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "streaming DiLoCo: %lld fragments (the model's units dealt out by stride), each synchronised "
+                      "every %lld steps, %lld steps apart; each all-reduce overlaps %lld inner step(s); a synchronised "
+                      "fragment keeps %g of its local weights",
+                      static_cast<long long>(cfg.diloco.fragments), static_cast<long long>(cfg.diloco.inner_steps),
+                      static_cast<long long>(cfg.diloco.inner_steps / cfg.diloco.fragments),
+                      static_cast<long long>(cfg.diloco.overlap_steps), cfg.diloco.mix);
+        s.say(line);
+      }
     }
     if (be.delayed_update()) {
       lo.tensor_files.push_back(kComputeWeightsFile);
@@ -561,7 +659,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     } else {
       be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
       if (dl) {
-        gather_local(be, *dl);
+        gather_local(be, *dl, all_tensors(be));
         std::copy(dl->outer.local().begin(), dl->outer.local().end(), dl->outer.global().begin());
       }
     }
@@ -631,15 +729,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
         throw;
       }
       ++s.step;
-      std::optional<double> pseudo_grad_norm;
-      double outer_seconds = 0;
-      if (dl && dl->outer.due(s.step, cfg.steps)) {
-        const auto t_outer = std::chrono::steady_clock::now();
-        gather_local(be, *dl);
-        pseudo_grad_norm = dl->outer.step();
-        scatter_global(be, *dl);
-        outer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_outer).count();
-      }
+      const std::optional<nlohmann::ordered_json> outer = dl ? outer_work(be, *dl, cfg, s.step) : std::nullopt;
 
       StepRecord rec;
       rec.step = s.step;
@@ -654,14 +744,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       rec.elapsed_s = elapsed();
       rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
       log.log_step(rec);
-      if (pseudo_grad_norm) {
-        // The outer step's time (state copies, the all-reduce, the update) and its all-reduce alone.
-        log.log_event({{"type", "outer"},
-                       {"step", s.step},
-                       {"pseudo_grad_norm", *pseudo_grad_norm},
-                       {"seconds", outer_seconds},
-                       {"allreduce_seconds", dl->outer.last_allreduce_seconds()}});
-      }
+      if (outer) log.log_event(*outer);
       be.after_step(s.step, log);
       summary.last_loss = o.loss;
 

@@ -59,6 +59,27 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
   do_broadcast(data, bytes, root);
 }
 
+void Communicator::start_allreduce_sum(float* x, std::size_t n) {
+  ++calls_;
+  GHT_EXPECTS(!started_, "start_allreduce_sum: an all-reduce started before has not been waited for");
+  started_ = true;
+  transfer_ = n > 0 && size_ > 1;
+  if (!transfer_) return;
+  GHT_EXPECTS(x != nullptr, "start_allreduce_sum: null buffer");
+  do_start_allreduce_sum(x, n);
+}
+
+bool Communicator::test_allreduce() {
+  if (!started_ || !transfer_) return true;
+  return do_test_allreduce();
+}
+
+void Communicator::wait_allreduce() {
+  if (!started_) return;
+  started_ = false;
+  if (transfer_) do_wait_allreduce();
+}
+
 void Communicator::barrier() {
   ++calls_;
   if (size_ == 1) return;
@@ -82,6 +103,9 @@ class SingleCommunicator final : public Communicator {
   void do_allreduce_sum(void*, std::size_t, Type) override {}
   void do_reduce_scatter_sum(void*, std::span<const std::size_t>, Type) override {}
   void do_all_gather(void*, std::span<const std::size_t>, Type) override {}
+  void do_start_allreduce_sum(float*, std::size_t) override {}
+  bool do_test_allreduce() override { return true; }
+  void do_wait_allreduce() override {}
   void do_broadcast(void*, std::size_t, int) override {}
   void do_barrier() override {}
 };

@@ -130,6 +130,28 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  // In pieces of max_elems_, all started at once; waited for together.
+  void do_start_allreduce_sum(float* x, std::size_t n) override {
+    started_op_ = "background allreduce_sum of " + std::to_string(n) + " floats";
+    for (std::size_t at = 0; at < n; at += max_elems_) {
+      MPI_Request& req = started_.emplace_back(MPI_REQUEST_NULL);
+      const std::size_t len = std::min(max_elems_, n - at);
+      check(MPI_Iallreduce(MPI_IN_PLACE, x + at, count(len, started_op_), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
+            started_op_);
+    }
+  }
+
+  bool do_test_allreduce() override {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(started_.size()), started_.data(), &done, MPI_STATUSES_IGNORE), started_op_);
+    return done != 0;
+  }
+
+  void do_wait_allreduce() override {
+    for (MPI_Request& req : started_) wait(req, started_op_, -1);
+    started_.clear();
+  }
+
   void do_broadcast(void* data, std::size_t bytes, int root) override {
     MPI_Request req = MPI_REQUEST_NULL;
     const std::string op = "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root);
@@ -188,6 +210,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::size_t max_elems_;  // elements per MPI call
+  std::vector<MPI_Request> started_;  // the background all-reduce's pieces
+  std::string started_op_;
   bool owns_mpi_;          // this one initialised MPI: it finalises it
   bool failed_ = false;
 };
