@@ -51,29 +51,6 @@ std::vector<float> master_of(TrainBackend& be) {
   return flat;
 }
 
-// The CPU backend, recording θ_global at each window's start and θ_local at its end.
-class Recording final : public TrainBackend {
- public:
-  Recording(std::unique_ptr<TrainBackend> be, std::int64_t h) : be_(std::move(be)), h_(h) {}
-  [[nodiscard]] std::string name() const override { return be_->name(); }
-  [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return be_->tensors(); }
-  [[nodiscard]] ght::optimizer::AdamW& optimizer() override { return be_->optimizer(); }
-  void init_weights(std::uint64_t seed) override { be_->init_weights(seed); }
-  void load_weights(std::size_t r, std::span<const float> w) override { be_->load_weights(r, w); }
-  double eval_loss(const Batch& b) override { return be_->eval_loss(b); }
-  StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
-    if (step % h_ == 0) starts.push_back(master_of(*be_));
-    StepOutcome o = be_->step(step, lr, data);
-    if ((step + 1) % h_ == 0) locals.push_back(master_of(*be_));
-    return o;
-  }
-  std::vector<std::vector<float>> starts, locals;
-
- private:
-  std::unique_ptr<TrainBackend> be_;
-  std::int64_t h_;
-};
-
 struct Case {
   std::int64_t h;
   double lr, momentum;
@@ -86,16 +63,8 @@ class DilocoMpi : public testing::TestWithParam<Case> {};
 TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
   const Case k = GetParam();
   const int n = g_comm->size(), rank = g_comm->rank();
-  // One directory for all ranks: rank 0's, broadcast.
-  std::unique_ptr<ght::test::TempDir> tmp;
-  char dir[256] = {};
-  if (rank == 0) {
-    tmp = std::make_unique<ght::test::TempDir>("ght_diloco_mpi");
-    test::write_random_corpus(*tmp / "data", 40000, 4000);
-    tmp->str().copy(dir, sizeof dir - 1);
-  }
-  g_comm->broadcast(dir, sizeof dir, 0);
-  const std::string root = dir;
+  const ght::test::SharedRunDir dir(*g_comm, "ght_diloco_mpi");
+  const std::string& root = dir.root;
   TrainConfig cfg = test::tiny_cpu_run_config(root + "/data", root + "/run");
   cfg.model.grad_accum = 1;
   cfg.threads = 1;
@@ -105,21 +74,28 @@ TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
   run.quiet = true;
   {
     TrainSession s(cfg, run, g_comm);
-    Recording be(make_cpu_backend(s), k.h);
+    // θ_global at each window's start, θ_local at its end.
+    std::vector<std::vector<float>> starts, locals;
+    ght::test::StepHook be(make_cpu_backend(s), [&](TrainBackend& in, std::int64_t step, double lr, DataLoader& data) {
+      if (step % k.h == 0) starts.push_back(master_of(in));
+      StepOutcome o = in.step(step, lr, data);
+      if ((step + 1) % k.h == 0) locals.push_back(master_of(in));
+      return o;
+    });
     (void)run_training(be, s);
-    be.starts.push_back(master_of(be));  // after the last outer step: θ_local = θ_global
-    ASSERT_EQ(be.starts.size(), static_cast<std::size_t>(k.windows + 1));
-    ASSERT_EQ(be.locals.size(), static_cast<std::size_t>(k.windows));
+    starts.push_back(master_of(be));  // after the last outer step: θ_local = θ_global
+    ASSERT_EQ(starts.size(), static_cast<std::size_t>(k.windows + 1));
+    ASSERT_EQ(locals.size(), static_cast<std::size_t>(k.windows));
 
-    const std::size_t p = be.starts[0].size();
+    const std::size_t p = starts[0].size();
     std::vector<float> buf(p, 0.0f);
     double worst = 0, worst_mean = 0;
     for (int w = 0; w < k.windows; ++w) {
       // Every rank's θ_local of this window: each fills its slot, a sum over ranks gathers them.
       std::vector<float> all(p * static_cast<std::size_t>(n), 0.0f);
-      std::copy(be.locals[w].begin(), be.locals[w].end(), all.begin() + static_cast<std::ptrdiff_t>(p) * rank);
+      std::copy(locals[w].begin(), locals[w].end(), all.begin() + static_cast<std::ptrdiff_t>(p) * rank);
       g_comm->allreduce_sum(all.data(), all.size());
-      const std::vector<float>& g = be.starts[w];
+      const std::vector<float>& g = starts[w];
       const auto lr = static_cast<float>(k.lr), mu = static_cast<float>(k.momentum);
       for (std::size_t i = 0; i < p; ++i) {
         float sum = 0, mean_local = 0;
@@ -132,7 +108,7 @@ TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
         const float delta = sum / static_cast<float>(n);
         buf[i] = mu * buf[i] + delta;
         const float want = g[i] - lr * (delta + mu * buf[i]);
-        const float got = be.starts[w + 1][i];
+        const float got = starts[w + 1][i];
         worst = std::max(worst, static_cast<double>(std::abs(got - want)));
         ASSERT_NEAR(got, want, 1e-6) << "window " << w << " parameter " << i << " on rank " << rank;
         if (k.h == 1 && k.lr == 1 && k.momentum == 0) {
@@ -158,28 +134,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, DilocoMpi,
 
 // ---- Streaming DiLoCo (fragments, overlapped all-reduce, merge) ----------------------------
 
-// The CPU backend, recording the master at the start and at the end of every step.
-class EveryStep final : public TrainBackend {
- public:
-  explicit EveryStep(std::unique_ptr<TrainBackend> be) : be_(std::move(be)) {}
-  [[nodiscard]] std::string name() const override { return be_->name(); }
-  [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return be_->tensors(); }
-  [[nodiscard]] ght::optimizer::AdamW& optimizer() override { return be_->optimizer(); }
-  void init_weights(std::uint64_t seed) override { be_->init_weights(seed); }
-  void load_weights(std::size_t r, std::span<const float> w) override { be_->load_weights(r, w); }
-  double eval_loss(const Batch& b) override { return be_->eval_loss(b); }
-  StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
-    starts.push_back(master_of(*be_));
-    StepOutcome o = be_->step(step, lr, data);
-    ends.push_back(master_of(*be_));
-    losses.push_back(o.loss);
-    return o;
-  }
+// A run's masters at the start and at the end of every step, and its losses.
+struct EveryStep {
   std::vector<std::vector<float>> starts, ends;
   std::vector<double> losses;
-
- private:
-  std::unique_ptr<TrainBackend> be_;
+  [[nodiscard]] ght::test::StepHook::Step hook() {
+    return [this](TrainBackend& in, std::int64_t step, double lr, DataLoader& data) {
+      starts.push_back(master_of(in));
+      StepOutcome o = in.step(step, lr, data);
+      ends.push_back(master_of(in));
+      losses.push_back(o.loss);
+      return o;
+    };
+  }
 };
 
 struct StreamCase {
@@ -191,20 +158,10 @@ struct StreamCase {
 
 class StreamingDilocoMpi : public testing::TestWithParam<StreamCase> {
  protected:
-  void SetUp() override {
-    char dir[256] = {};
-    if (g_comm->rank() == 0) {
-      tmp_ = std::make_unique<ght::test::TempDir>("ght_sdiloco_mpi");
-      test::write_random_corpus(*tmp_ / "data", 40000, 4000);
-      tmp_->str().copy(dir, sizeof dir - 1);
-    }
-    g_comm->broadcast(dir, sizeof dir, 0);
-    root_ = dir;
-  }
-  void TearDown() override { g_comm->barrier(); }
+  void TearDown() override { g_comm->barrier(); }  // every rank is done before rank 0 removes it
   [[nodiscard]] TrainConfig config(const std::string& out) const {
     const StreamCase k = GetParam();
-    TrainConfig cfg = test::tiny_cpu_run_config(root_ + "/data", root_ + "/" + out);
+    TrainConfig cfg = test::tiny_cpu_run_config(dir_.root + "/data", dir_.root + "/" + out);
     cfg.model.grad_accum = 1;
     cfg.threads = 1;
     cfg.steps = cfg.schedule.total_steps = k.steps;
@@ -214,10 +171,7 @@ class StreamingDilocoMpi : public testing::TestWithParam<StreamCase> {
     cfg.diloco.mix = k.mix;
     return cfg;
   }
-  std::string root_;
-
- private:
-  std::unique_ptr<ght::test::TempDir> tmp_;
+  ght::test::SharedRunDir dir_{*g_comm, "ght_sdiloco_mpi"};
 };
 
 // Every rank's records of one step (each fills its slot; a sum over ranks gathers them).
@@ -243,11 +197,12 @@ TEST_P(StreamingDilocoMpi, FollowsTheReferenceAndResumesExactlyWithAFragmentInFl
   std::vector<std::size_t> frag_of;  // element -> fragment
   {
     TrainSession s(config("run"), run, g_comm);
-    EveryStep be(make_cpu_backend(s));
+    EveryStep rec;
+    ght::test::StepHook be(make_cpu_backend(s), rec.hook());
     (void)run_training(be, s);
-    starts = be.starts;
-    ends = be.ends;
-    losses = be.losses;
+    starts = rec.starts;
+    ends = rec.ends;
+    losses = rec.losses;
     final_master = master_of(be);
     const auto frags = diloco_fragment_tensors(be.tensors(), static_cast<int>(k.fragments));
     std::vector<std::size_t> offset;
@@ -337,17 +292,19 @@ TEST_P(StreamingDilocoMpi, FollowsTheReferenceAndResumesExactlyWithAFragmentInFl
     TrainRunOptions part = run;
     part.stop_at = stop;
     TrainSession s(config("part"), part, g_comm);
-    EveryStep be(make_cpu_backend(s));
+    EveryStep rec;
+    ght::test::StepHook be(make_cpu_backend(s), rec.hook());
     (void)run_training(be, s);
   }
   TrainRunOptions resume = run;
   resume.resume = "auto";
   TrainSession s(config("part"), resume, g_comm);
-  EveryStep be(make_cpu_backend(s));
+  EveryStep rec;
+  ght::test::StepHook be(make_cpu_backend(s), rec.hook());
   (void)run_training(be, s);
-  ASSERT_EQ(be.losses.size(), static_cast<std::size_t>(k.steps - stop));
-  for (std::size_t j = 0; j < be.losses.size(); ++j) {
-    EXPECT_EQ(be.losses[j], losses[static_cast<std::size_t>(stop) + j]) << "step " << stop + 1 + static_cast<std::int64_t>(j);
+  ASSERT_EQ(rec.losses.size(), static_cast<std::size_t>(k.steps - stop));
+  for (std::size_t j = 0; j < rec.losses.size(); ++j) {
+    EXPECT_EQ(rec.losses[j], losses[static_cast<std::size_t>(stop) + j]) << "step " << stop + 1 + static_cast<std::int64_t>(j);
   }
   EXPECT_EQ(master_of(be), final_master) << "final weights after the resume";
   if (rank == 0) {

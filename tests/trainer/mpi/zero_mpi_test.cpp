@@ -41,27 +41,6 @@ using ght::dist::Communicator;
 
 std::shared_ptr<Communicator> g_comm;  // one per process: MPI is initialised once
 
-// The CPU backend, recording each step's outcome.
-class Recording final : public TrainBackend {
- public:
-  explicit Recording(std::unique_ptr<TrainBackend> be) : be_(std::move(be)) {}
-  [[nodiscard]] std::string name() const override { return be_->name(); }
-  [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return be_->tensors(); }
-  [[nodiscard]] ght::optimizer::AdamW& optimizer() override { return be_->optimizer(); }
-  [[nodiscard]] const StateShards* state_shards() const override { return be_->state_shards(); }
-  void init_weights(std::uint64_t seed) override { be_->init_weights(seed); }
-  void load_weights(std::size_t r, std::span<const float> w) override { be_->load_weights(r, w); }
-  double eval_loss(const Batch& b) override { return be_->eval_loss(b); }
-  StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
-    steps.push_back(be_->step(step, lr, data));
-    return steps.back();
-  }
-  std::vector<StepOutcome> steps;
-
- private:
-  std::unique_ptr<TrainBackend> be_;
-};
-
 // What a run leaves: its steps, the whole optimizer state (gathered from the shards), the state
 // bytes this rank's allocator holds on the host.
 struct RunResult {
@@ -79,10 +58,12 @@ RunResult train(const TrainConfig& cfg, std::shared_ptr<Communicator> comm, cons
   opts.resume = resume;
   opts.stop_at = stop_at;
   TrainSession s(cfg, opts, comm);
-  Recording be(make_cpu_backend(s));
-  (void)run_training(be, s);
   RunResult r;
-  r.steps = be.steps;
+  ght::test::StepHook be(make_cpu_backend(s), [&r](TrainBackend& in, std::int64_t step, double lr, DataLoader& data) {
+    r.steps.push_back(in.step(step, lr, data));
+    return r.steps.back();
+  });
+  (void)run_training(be, s);
   const auto& ts = be.tensors();
   const std::size_t p = ts.back().offset + ts.back().numel;
   r.master.assign(p, 0.0f);
@@ -108,19 +89,9 @@ RunResult train(const TrainConfig& cfg, std::shared_ptr<Communicator> comm, cons
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(std::abs(a), 1e-30); }
 
-// One directory for all ranks (rank 0's, broadcast) with a corpus in it.
+// One directory for all ranks (rank 0's) with a corpus in it.
 class ZeroMpi : public testing::Test {
  protected:
-  void SetUp() override {
-    char dir[256] = {};
-    if (g_comm->rank() == 0) {
-      tmp_ = std::make_unique<ght::test::TempDir>("ght_zero_mpi");
-      test::write_random_corpus(*tmp_ / "data", 40000, 4000);
-      tmp_->str().copy(dir, sizeof dir - 1);
-    }
-    g_comm->broadcast(dir, sizeof dir, 0);
-    root_ = dir;
-  }
   void TearDown() override { g_comm->barrier(); }  // every rank is done before rank 0 removes it
   [[nodiscard]] TrainConfig config(const std::string& out, const std::string& state, int steps = 4) const {
     TrainConfig c = test::tiny_cpu_run_config(root_ + "/data", root_ + "/" + out);
@@ -130,10 +101,8 @@ class ZeroMpi : public testing::Test {
     c.dist.optimizer_state = state;
     return c;
   }
-  std::string root_;
-
- private:
-  std::unique_ptr<ght::test::TempDir> tmp_;
+  ght::test::SharedRunDir dir_{*g_comm, "ght_zero_mpi"};
+  const std::string& root_ = dir_.root;
 };
 
 TEST_F(ZeroMpi, ShardedEqualsReplicatedAndOneRankWithNTimesTheMicroBatches) {
