@@ -338,7 +338,7 @@ struct AdamW::Impl {
     s.v = f(2);
     s.state = state_type;
     s.key = rs.key;
-    s.first = off;
+    s.first = rs.desc.first + off;
     const void* g = device ? rs.grad_dev : rs.desc.grad;
     s.grad = static_cast<const unsigned char*>(g) + off * gsize;
     s.grad_type = rs.desc.grad_type;
@@ -394,7 +394,7 @@ struct AdamW::Impl {
       s.n = count;
       s.state = state_type;
       s.key = rs.key;
-      s.first = off;
+      s.first = rs.desc.first + off;
       if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
       adamw_gpu(s, k, link);
       record(dma_updated[slot], link);
@@ -918,7 +918,7 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
       }
     }
   }
-  const double total = dev_sum + host_sum;
+  const double total = I.opts.combine_sumsq ? I.opts.combine_sumsq(dev_sum + host_sum) : dev_sum + host_sum;
   const double norm = std::sqrt(total);
   StepResult res;
   res.grad_norm = static_cast<float>(norm);

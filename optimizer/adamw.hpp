@@ -41,6 +41,7 @@
  */
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +94,10 @@ struct Region {
   void* weight = nullptr;     ///< (n) bf16 compute weights, HBM (or host memory without a GPU); may be null
   const void* grad = nullptr; ///< (n) gradients, HBM or host memory (the accumulator); may be set later
   GradType grad_type = GradType::bf16;
+  /// Index of element 0 within the parameter tensor `name` names. A region that holds a slice
+  /// of a tensor (ZeRO-1 splits tensors over ranks) gives its offset here, so that the bf16
+  /// state's rounding stream (keyed by the name, drawn at first + i) rounds as the whole tensor's.
+  std::size_t first = 0;
 };
 
 struct AdamWOptions {
@@ -107,6 +112,11 @@ struct AdamWOptions {
   /// Reserved at construction when some region is gpu_link, capped at free HBM minus
   /// GHT_HBM_HEADROOM (speculation is off when less than 1 MiB would remain).
   std::optional<std::size_t> speculate_bytes;
+  /// Several processes that each hold a part of one model's regions (ZeRO-1): called in
+  /// begin_step with this optimizer's Σ g² (double) and returns the Σ g² over every part, the
+  /// same value on every process. The norm, clipping and the non-finite skip then follow the
+  /// whole model. Unset: this optimizer's regions are the whole model.
+  std::function<double(double)> combine_sumsq;
 };
 
 /// What speculate_region did.

@@ -75,6 +75,20 @@ FileEntry write_tensors(const fs::path& path, const std::vector<CheckpointTensor
   return {f.bytes_written(), f.digest()};
 }
 
+// F32 tensors whose values `source` makes one at a time (CheckpointView::weights_source).
+FileEntry write_streamed(const fs::path& path, const std::vector<CheckpointTensorView>& group,
+                         const std::function<void(std::size_t, std::span<float>)>& source) {
+  std::vector<TensorRef> refs;
+  refs.reserve(group.size());
+  for (const auto& t : group) refs.push_back({t.name, StDtype::F32, t.shape, nullptr});
+  fileio::OutFile f(path.string(), /*hash=*/true);
+  write_safetensors_streamed(f, refs, {{"format", "pt"}}, [&](std::size_t i, void* buf) {
+    source(i, std::span<float>(static_cast<float*>(buf), static_cast<std::size_t>(refs[i].numel())));
+  });
+  f.close();
+  return {f.bytes_written(), f.digest()};
+}
+
 FileEntry write_text(const fs::path& path, const std::string& text) {
   fileio::OutFile f(path.string(), /*hash=*/true);
   f.write(text.data(), text.size());
@@ -184,10 +198,12 @@ void check_hash(const fs::path& file, const FileEntry& want, std::uint64_t hash)
   }
 }
 
-// Tensors of a safetensors file, read once and checksummed on the way (header bytes, then the
-// tensors' bytes in file order, which is the whole file). A header damaged so badly that it does
-// not parse is reported as corruption of that file.
-std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry& want, StMetadata* metadata = nullptr) {
+// The tensors of a safetensors file, read once and checksummed on the way (header bytes, then
+// the tensors' bytes in file order, which is the whole file), one at a time through `visit`. A
+// header damaged so badly that it does not parse is reported as corruption of that file.
+void visit_tensors(const fs::path& path, const FileEntry& want,
+                   const std::function<void(const StMetadata&, CheckpointTensor&)>& visit,
+                   StMetadata* metadata = nullptr) {
   check_size(path, want);
   std::optional<SafetensorsReader> r;
   try {
@@ -199,7 +215,6 @@ std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry
   fileio::Xxh3 h;
   const std::string head = r->header_bytes();
   h.update(head.data(), head.size());
-  std::vector<CheckpointTensor> out;
   for (const auto& t : r->tensors()) {
     if (t.dtype != StDtype::F32) {
       ck_fail(path, "tensor '" + t.name + "' has dtype " + std::string(to_string(t.dtype)) + ", expected F32");
@@ -207,10 +222,20 @@ std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry
     CheckpointTensor n{t.name, t.shape, FloatBuffer(static_cast<std::size_t>(t.numel()))};  // read_raw fills it
     r->read_raw(t, n.data.data());
     h.update(n.data.data(), n.data.size() * sizeof(float));
-    out.push_back(std::move(n));
+    try {
+      visit(r->metadata(), n);
+    } catch (const std::exception&) {
+      check_hash(path, want, fileio::xxh3_file(path.string()));  // what it rejects may be corruption
+      throw;
+    }
   }
   check_hash(path, want, h.digest());
   if (metadata != nullptr) *metadata = r->metadata();
+}
+
+std::vector<CheckpointTensor> read_tensors(const fs::path& path, const FileEntry& want, StMetadata* metadata = nullptr) {
+  std::vector<CheckpointTensor> out;
+  visit_tensors(path, want, [&](const StMetadata&, CheckpointTensor& t) { out.push_back(std::move(t)); }, metadata);
   return out;
 }
 
@@ -286,8 +311,10 @@ std::string save(const std::string& run_dir, std::int64_t step, const Checkpoint
     const std::pair<const char*, const std::vector<CheckpointTensorView>*> groups[] = {
         {kWeights, &ckpt.weights}, {kMaster, &ckpt.master}, {kAdamM, &ckpt.adam_m}, {kAdamV, &ckpt.adam_v}};
     FileEntry written[std::size(groups)];
+    // Streamed weights come first, in this thread: their source may be a collective.
+    if (ckpt.weights_source) written[0] = write_streamed(tmp / kWeights, ckpt.weights, ckpt.weights_source);
     tbb::task_group tasks;
-    for (std::size_t i = 0; i < std::size(groups); ++i) {
+    for (std::size_t i = ckpt.weights_source ? 1 : 0; i < std::size(groups); ++i) {
       tasks.run([&, i] { written[i] = write_tensors(tmp / groups[i].first, *groups[i].second); });
     }
     tasks.wait();
@@ -366,6 +393,10 @@ CheckpointData load(const std::string& ckpt_dir, const LoadOptions& opts) {
       if (std::find(opts.tensor_files.begin(), opts.tensor_files.end(), file) != opts.tensor_files.end()) {
         CheckpointTensorFile& t = d.tensor_files[file];
         t.tensors = read_tensors(dir / file, expected_of(dir, man, file), &t.metadata);
+      } else if (opts.stream && !opts.stream_prefix.empty() && file.starts_with(opts.stream_prefix)) {
+        visit_tensors(dir / file, expected_of(dir, man, file), [&](const StMetadata& m, CheckpointTensor& t) {
+          opts.stream(ckpt_dir, file, m, CheckpointTensorView{t.name, t.shape, t.data});
+        });
       } else {
         verify_file(dir, man, file);
       }

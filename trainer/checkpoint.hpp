@@ -97,6 +97,12 @@ struct CheckpointView {
   /// Called with the staging directory once the files above are in it and before the manifest:
   /// writes further files there (fsync'd) and returns their entries, which the manifest lists.
   std::function<std::vector<CheckpointFile>(const std::string& staging_dir)> extra_files;
+  /// When set, model.safetensors is written from it, one tensor at a time, in the thread that
+  /// calls save() and before any other file: `weights` then give the names and shapes (their
+  /// data may be empty) and weights_source(i, out) fills tensor i's values. For weights that
+  /// live on several processes (ZeRO-1): each call may be a collective, and only one tensor is
+  /// held at a time.
+  std::function<void(std::size_t i, std::span<float> out)> weights_source;
 };
 
 /// A further tensor file that load() was asked for (LoadOptions::tensor_files).
@@ -150,6 +156,17 @@ struct LoadOptions {
   /// CheckpointData::tensor_files; one the manifest does not list is left out. Every other
   /// further file the manifest lists is verified in full.
   std::vector<std::string> tensor_files;
+  /// Further tensor files streamed instead of kept: each listed file whose name starts with
+  /// `stream_prefix` (when not empty) is read one tensor at a time, in manifest order and in the
+  /// calling thread, and `stream` sees each tensor (its data valid during the call only) with
+  /// the checkpoint's directory (load_latest may try several), the file's name and its metadata.
+  /// A file's checksum is known only after its last tensor: on a mismatch load() throws, so
+  /// what `stream` was given counts only once load() has returned. (ZeRO-1 shards: each rank
+  /// keeps the parts it holds now, whatever the number of ranks that wrote them.)
+  std::string stream_prefix;
+  std::function<void(const std::string& ckpt_dir, const std::string& file, const StMetadata& metadata,
+                     const CheckpointTensorView& tensor)>
+      stream;
 };
 
 /// @brief Load a checkpoint directory, verifying every file it reads as it reads it.

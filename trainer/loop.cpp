@@ -14,6 +14,7 @@
 #include "trainer/file_io.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/signals.hpp"
+#include "trainer/zero.hpp"
 
 namespace ght::trainer {
 
@@ -39,10 +40,20 @@ struct StopHandlers {
   StopHandlers& operator=(const StopHandlers&) = delete;
 };
 
-// DiLoCo's outer optimizer, with the backend's tensors laid out flat in tensor order.
+// DiLoCo's outer optimizer, with the backend's tensors laid out flat in tensor order; streaming
+// DiLoCo's fragments as tensor lists (`fragments`) and flat ranges (the outer optimizer's).
 struct Diloco {
   // `offset` is declared first: it is filled while `outer` is constructed.
-  Diloco(TrainBackend& be, const TrainSession& s) : outer(s.cfg.diloco, flat_size(be, offset), *s.comm, be.optimizer().allocator()) {}
+  Diloco(TrainBackend& be, const TrainSession& s) : outer(s.cfg.diloco, flat_size(be, offset), *s.comm, be.optimizer().allocator()) {
+    if (!s.cfg.diloco.streaming()) return;
+    fragments = diloco_fragment_tensors(be.tensors(), static_cast<int>(s.cfg.diloco.fragments));
+    std::vector<std::vector<dist::Range>> ranges;
+    for (const auto& f : fragments) {
+      auto& r = ranges.emplace_back();
+      for (std::size_t t : f) r.push_back({offset[t], offset[t] + be.tensors()[t].numel});
+    }
+    outer.set_fragments(std::move(ranges));
+  }
   // Offsets of the tensors in the flat buffers; returns the total.
   static std::size_t flat_size(TrainBackend& be, std::vector<std::size_t>& offset) {
     std::size_t n = 0;
@@ -58,11 +69,14 @@ struct Diloco {
   }
   std::vector<std::size_t> offset;
   DilocoOuter outer;
+  std::vector<std::vector<std::size_t>> fragments;  // streaming: tensor indices per fragment
 };
 
 // The shared part's momentum file and each rank's shard: its θ_local (= its AdamW master), m and
 // v as tensors "master.<name>", "adam_m.<name>", "adam_v.<name>", its AdamW step in the metadata.
 constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
+// Streaming DiLoCo: the summed pseudo-gradients of the fragment in flight at the checkpoint.
+constexpr const char* kPendingFile = "diloco.pending.safetensors";
 // GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master).
 constexpr const char* kComputeWeightsFile = "delayed.compute_weights.safetensors";
 constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
@@ -72,20 +86,71 @@ std::string shard_file(int rank) {
   return buf;
 }
 
-// θ_local (the optimizer's master) -> outer.local().
-void gather_local(TrainBackend& be, Diloco& d) {
-  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
-    be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
-  }
+// Every tensor, in order.
+std::vector<std::size_t> all_tensors(const TrainBackend& be) {
+  std::vector<std::size_t> t(be.tensors().size());
+  for (std::size_t r = 0; r < t.size(); ++r) t[r] = r;
+  return t;
 }
 
-// θ_global -> the optimizer's master and the model's weights.
-void scatter_global(TrainBackend& be, Diloco& d) {
-  for (std::size_t r = 0; r < be.tensors().size(); ++r) {
-    const std::span<float> g = d.slice(d.outer.global(), r, be);
+// θ_local (the optimizer's master) -> outer.local(), for the tensors `which`.
+void gather_local(TrainBackend& be, Diloco& d, const std::vector<std::size_t>& which) {
+  for (std::size_t r : which) be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
+}
+
+// A flat buffer (θ_global, or a streaming fragment's merged weights) -> the optimizer's master
+// and the model's weights, for the tensors `which`.
+void scatter(TrainBackend& be, Diloco& d, std::span<float> flat, const std::vector<std::size_t>& which) {
+  for (std::size_t r : which) {
+    const std::span<float> g = d.slice(flat, r, be);
     be.optimizer().load_state(r, g.data(), nullptr, nullptr);
     be.load_weights(r, g);
   }
+}
+
+// The outer optimizer's work after inner step `step` (plain: the whole-model step every H steps
+// and after the last; streaming: the fragment schedule, DilocoOuter::due_streaming); returns the
+// outer record to log, if any.
+std::optional<nlohmann::ordered_json> outer_work(TrainBackend& be, Diloco& d, const TrainConfig& cfg, std::int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto record = [&](double norm, std::optional<std::size_t> fragment) {
+    nlohmann::ordered_json j = {{"type", "outer"}, {"step", step}};
+    if (fragment) j["fragment"] = *fragment;
+    j["pseudo_grad_norm"] = norm;
+    // The outer work's time (state copies, the all-reduce or its unhidden wait, the update).
+    j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    j["allreduce_seconds"] = d.outer.last_allreduce_seconds();
+    return j;
+  };
+  const std::vector<std::size_t> every = all_tensors(be);
+  if (!cfg.diloco.streaming()) {
+    if (!d.outer.due(step, cfg.steps)) return std::nullopt;
+    gather_local(be, d, every);
+    const double norm = d.outer.step();
+    scatter(be, d, d.outer.global(), every);
+    return record(norm, std::nullopt);
+  }
+  const OuterDue due = d.outer.due_streaming(step, cfg.steps);
+  std::optional<nlohmann::ordered_json> out;
+  if (due.send) {
+    gather_local(be, d, d.fragments[*due.send]);
+    d.outer.send(*due.send, step);
+  }
+  if (due.apply) {
+    const auto& f = d.fragments[*due.apply];
+    gather_local(be, d, f);
+    const double norm = d.outer.apply(*due.apply);
+    scatter(be, d, d.outer.local(), f);
+    out = record(norm, *due.apply);
+  }
+  if (due.full) {
+    gather_local(be, d, every);
+    const double norm = d.outer.step();
+    scatter(be, d, d.outer.global(), every);
+    out = record(norm, std::nullopt);  // the closing step's record (a fragment's applied just before goes unlogged)
+  }
+  d.outer.progress();
+  return out;
 }
 
 std::vector<CheckpointTensorView> flat_views(const TrainBackend& be, const Diloco& d, std::span<const float> flat) {
@@ -97,15 +162,97 @@ std::vector<CheckpointTensorView> flat_views(const TrainBackend& be, const Diloc
   return v;
 }
 
-// Rank 0 learns the size and checksum of every rank's shard (one broadcast per rank).
-std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const CheckpointFile& mine) {
+// Rank 0 learns the size and checksum of every rank's shard (one broadcast per rank); `file`
+// names rank r's.
+std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const CheckpointFile& mine,
+                                                 std::string (*file)(int) = shard_file) {
   std::vector<CheckpointFile> all;
   for (int root = 0; root < comm.size(); ++root) {
     std::uint64_t e[2] = {mine.size, mine.xxh3_64};
     comm.broadcast(e, sizeof e, root);
-    all.push_back({shard_file(root), e[0], e[1]});
+    all.push_back({file(root), e[0], e[1]});
   }
   return all;
+}
+
+// Region r's master (i = 0), m (1) or v (2) as fp32 on the host: in place where it lives there
+// as fp32, else copied into a buffer of `owned` (HBM state; bf16 m and v are widened, exactly).
+std::span<const float> host_state(optimizer::AdamW& opt, std::size_t r, int i, std::vector<std::vector<float>>& owned) {
+  const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
+  const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
+  const std::size_t n = opt.region(r).n;
+  if (sb.host != nullptr && (i == 0 || opt.state_type() == optimizer::StateType::fp32)) {
+    return {static_cast<const float*>(sb.host), n};
+  }
+  auto& o = owned.emplace_back(n);
+  opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
+  return o;
+}
+
+// What every checkpoint records besides the tensors.
+CheckpointView checkpoint_base(const TrainSession& s) {
+  CheckpointView v;
+  v.data_position = s.loader->state().to_json();
+  v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
+  v.config = s.cfg.to_json();
+  return v;
+}
+
+// ZeRO-1 (trainer/zero.hpp; every rank calls it, a collective): model.safetensors holds the whole
+// fp32 master, gathered one tensor at a time (rank 0 writes it), and every rank writes the m and
+// v of its slices to its zero.rank_NNNNN file in the staging directory; rank 0 commits once
+// every shard is written. Returns the directory on rank 0, "" on the others.
+std::string save_sharded(TrainBackend& be, const TrainSession& s, std::int64_t step, const StateShards& zs) {
+  GHT_EXPECTS(!be.delayed_update(), "checkpoint: sharded optimizer state with GHT_OPT_DELAY=1 is not built");
+  be.synchronize();
+  optimizer::AdamW& opt = be.optimizer();
+  opt.synchronize();
+  const auto& ts = be.tensors();
+  const auto& sl = zs.slices();
+  std::vector<CheckpointTensorView> mine;  // adam_m.<name>..., then adam_v.<name>...
+  std::vector<std::vector<float>> owned;
+  owned.reserve(2 * sl.size());
+  for (int i = 1; i < 3; ++i) {
+    for (std::size_t r = 0; r < sl.size(); ++r) {
+      mine.push_back({kShardPrefixes[i] + ts[sl[r].tensor].name, {static_cast<std::int64_t>(sl[r].n)},
+                      host_state(opt, r, i, owned)});
+    }
+  }
+  // Tensor t's master: this rank's slice of it (at most one), then every rank's.
+  auto gather = [&](std::size_t t, std::span<float> out) {
+    for (std::size_t r = 0; r < sl.size(); ++r) {
+      if (sl[r].tensor == t) opt.save_state(r, out.data() + sl[r].first, nullptr, nullptr);
+    }
+    s.comm->all_gather(out.data(), zs.tensor_counts(t));
+  };
+  const int rank = s.comm->rank(), ranks = s.comm->size();
+  auto write_shards = [&](const std::string& staging) {
+    s.comm->barrier();  // rank 0 has made the staging directory
+    const CheckpointFile f =
+        write_tensor_file(staging, zero_shard_file(rank), mine, zero_shard_metadata(ts, sl, rank, ranks));
+    return gather_shard_entries(*s.comm, f, zero_shard_file);
+  };
+  if (!s.leader()) {
+    std::size_t largest = 0;
+    for (const NamedTensor& t : ts) largest = std::max(largest, t.numel);
+    FloatBuffer buf(largest);
+    for (std::size_t t = 0; t < ts.size(); ++t) gather(t, std::span<float>(buf.data(), ts[t].numel));
+    (void)write_shards(staging_dir(s.cfg.out, step));
+    return {};
+  }
+  CheckpointView v = checkpoint_base(s);
+  for (const NamedTensor& t : ts) v.weights.push_back({t.name, t.shape, {}});
+  v.weights_source = gather;
+  v.optimizer = {{"step", opt.step_count()},
+                 {"state_dtype", optimizer::to_string(opt.state_type())},
+                 {"steps_skipped_nonfinite", opt.stats().steps_skipped_nonfinite},
+                 {"world_size", ranks},
+                 {"delayed_update", false},
+                 {"zero_ranks", ranks}};
+  v.extra_files = write_shards;
+  const std::string dir = save(s.cfg.out, step, v);
+  prune(s.cfg.out, s.cfg.keep);
+  return dir;
 }
 
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
@@ -114,8 +261,9 @@ std::vector<CheckpointFile> gather_shard_entries(dist::Communicator& comm, const
 // one file format for both types); optimizer.json records the type. With DiLoCo every rank calls
 // it (a collective): rank 0 writes θ_global as the weights, the momentum and the shared files,
 // every rank its own shard into the same staging directory, and rank 0 commits the whole once
-// every shard is written. Returns the directory on rank 0, "" on the others.
+// every shard is written. Returns the directory on rank 0, "" on the others. ZeRO-1: save_sharded.
 std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_t step, Diloco* dl) {
+  if (const StateShards* zs = be.state_shards()) return save_sharded(be, s, step, *zs);
   be.synchronize();
   optimizer::AdamW& opt = be.optimizer();
   opt.synchronize();
@@ -124,26 +272,11 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
   std::vector<std::vector<float>> owned;  // state that lives in HBM is copied down
   owned.reserve(3 * ts.size());
   for (std::size_t r = 0; r < ts.size(); ++r) {
-    const NamedTensor& t = ts[r];
-    const TensorClass cls[3] = {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v};
     for (int i = 0; i < 3; ++i) {
-      const optimizer::StateBuffer& sb = opt.state(r, cls[i]);
-      const float* arr = nullptr;
-      const bool fp32 = i == 0 || opt.state_type() == optimizer::StateType::fp32;
-      if (sb.host != nullptr && fp32) {
-        arr = static_cast<const float*>(sb.host);
-      } else {
-        auto& o = owned.emplace_back(t.numel);
-        opt.save_state(r, i == 0 ? o.data() : nullptr, i == 1 ? o.data() : nullptr, i == 2 ? o.data() : nullptr);
-        arr = o.data();
-      }
-      state[i].push_back({(dl != nullptr ? kShardPrefixes[i] : "") + t.name, t.shape, std::span<const float>(arr, t.numel)});
+      state[i].push_back({(dl != nullptr ? kShardPrefixes[i] : "") + ts[r].name, ts[r].shape, host_state(opt, r, i, owned)});
     }
   }
-  CheckpointView v;
-  v.data_position = s.loader->state().to_json();
-  v.rng = {{"init_seed", s.cfg.seed}, {"note", "training draws no random numbers after init"}};
-  v.config = s.cfg.to_json();
+  CheckpointView v = checkpoint_base(s);
   if (dl == nullptr) {
     v.weights = state[0];
     v.master = state[0];
@@ -179,10 +312,20 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
                                  {"optimizer_step", std::to_string(opt.step_count())}};
   v.weights = flat_views(be, *dl, dl->outer.global());
   v.optimizer = {{"state_dtype", optimizer::to_string(opt.state_type())}, {"world_size", s.comm->size()}, {"diloco", true}};
+  // Streaming: a fragment's all-reduce in flight is waited for, and its (identical on every rank)
+  // sum goes into the checkpoint, to be applied after the same step on resume.
+  const std::span<const float> pending = dl->outer.settle();
+  const std::optional<std::size_t> pending_fragment = dl->outer.pending();
   auto write_shards = [&](const std::string& staging) {
     s.comm->barrier();  // rank 0 has made the staging directory
     std::vector<CheckpointFile> files;
     if (s.leader()) files.push_back(write_tensor_file(staging, kMomentumFile, flat_views(be, *dl, dl->outer.momentum()), {{"format", "pt"}}));
+    if (s.leader() && pending_fragment) {
+      files.push_back(write_tensor_file(staging, kPendingFile, {{"pending", {static_cast<std::int64_t>(pending.size())}, pending}},
+                                        {{"format", "pt"},
+                                         {"fragment", std::to_string(*pending_fragment)},
+                                         {"sent_at", std::to_string(dl->outer.pending_sent_at())}}));
+    }
     const CheckpointFile mine = write_tensor_file(staging, shard_file(s.comm->rank()), shard, shard_meta);
     for (CheckpointFile& f : gather_shard_entries(*s.comm, mine)) files.push_back(std::move(f));
     return files;
@@ -241,6 +384,19 @@ void restore_diloco(TrainBackend& be, const TrainSession& s, const LoadedCheckpo
   const auto step = shard.metadata.find("optimizer_step");
   GHT_EXPECTS(step != shard.metadata.end(), "checkpoint " + ck.dir + ": " + shard_file(rank) + " has no optimizer_step");
   opt.set_step_count(std::stoll(step->second));
+  // Streaming: the fragment in flight when the checkpoint was written, on the same fragments.
+  if (const auto p = c.tensor_files.find(kPendingFile); p != c.tensor_files.end()) {
+    const DilocoConfig saved = TrainConfig::from_json(c.config).diloco;
+    GHT_EXPECTS(saved.fragments == s.cfg.diloco.fragments && saved.overlap_steps == s.cfg.diloco.overlap_steps,
+                "checkpoint " + ck.dir + " holds a streaming DiLoCo fragment in flight of diloco.fragments=" +
+                    std::to_string(saved.fragments) + ", overlap_steps=" + std::to_string(saved.overlap_steps) +
+                    "; this run has " + std::to_string(s.cfg.diloco.fragments) + " and " +
+                    std::to_string(s.cfg.diloco.overlap_steps) + ": resume it with the same two");
+    const auto& m = p->second.metadata;
+    GHT_EXPECTS(m.contains("fragment") && m.contains("sent_at") && p->second.tensors.size() == 1,
+                "checkpoint " + ck.dir + ": " + kPendingFile + " is malformed");
+    dl.outer.restore_pending(std::stoul(m.at("fragment")), std::stoll(m.at("sent_at")), p->second.tensors[0].data);
+  }
 }
 
 // Delayed mode: the next step computes with the weights the checkpoint kept for it. A checkpoint
@@ -272,7 +428,58 @@ void restore_compute_weights(TrainBackend& be, const TrainSession& s, const Load
   }
 }
 
-void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl) {
+// The optimizer regions of a backend: its ZeRO-1 slices, or every tensor whole.
+std::vector<TensorSlice> optimizer_slices(const TrainBackend& be) {
+  return be.state_shards() != nullptr ? be.state_shards()->slices() : whole_tensors(be.tensors());
+}
+
+// Master, m and v of each of the backend's optimizer regions (whole tensors, or this rank's
+// ZeRO-1 slices) from what the checkpoint holds: whole tensors, or the ZeRO-1 shards of any
+// number of ranks, which `za` assembled while the checkpoint loaded. Either way the weights are
+// the whole fp32 master, and they go into the model whole.
+void restore_state(TrainBackend& be, const TrainSession& s, const LoadedCheckpoint& ck, const SliceAssembler& za) {
+  const CheckpointData& c = ck.data;
+  const std::string& where = ck.dir;
+  const auto& ts = be.tensors();
+  const int zero_ranks = c.optimizer.value("zero_ranks", 0);
+  GHT_EXPECTS(c.weights.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.weights.size()) +
+                                                 " weight tensors; the model has " + std::to_string(ts.size()));
+  for (std::size_t t = 0; t < ts.size(); ++t) check_tensor(where, "weight", c.weights[t], ts[t]);
+  if (zero_ranks > 0) {
+    za.check_complete(where, zero_ranks);
+  } else {
+    GHT_EXPECTS(c.master.size() == ts.size() && c.adam_m.size() == ts.size() && c.adam_v.size() == ts.size(),
+                "checkpoint " + where + " has " + std::to_string(c.master.size()) + " optimizer tensors; the model has " +
+                    std::to_string(ts.size()));
+    for (std::size_t t = 0; t < ts.size(); ++t) {
+      check_tensor(where, "master", c.master[t], ts[t]);
+      check_tensor(where, "adam_m", c.adam_m[t], ts[t]);
+      check_tensor(where, "adam_v", c.adam_v[t], ts[t]);
+    }
+  }
+  // A ZeRO-1 checkpoint's master is its weights file.
+  const std::vector<CheckpointTensor>& master = zero_ranks > 0 ? c.weights : c.master;
+  optimizer::AdamW& opt = be.optimizer();
+  const std::vector<TensorSlice> slices = optimizer_slices(be);
+  for (std::size_t r = 0; r < slices.size(); ++r) {
+    const TensorSlice& x = slices[r];
+    const float* m = zero_ranks > 0 ? za.m(r).data() : c.adam_m[x.tensor].data.data() + x.first;
+    const float* v = zero_ranks > 0 ? za.v(r).data() : c.adam_v[x.tensor].data.data() + x.first;
+    opt.load_state(r, master[x.tensor].data.data() + x.first, m, v);
+  }
+  for (std::size_t t = 0; t < ts.size(); ++t) be.load_weights(t, std::span<const float>(master[t].data.data(), ts[t].numel));
+  restore_compute_weights(be, s, ck);
+  opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
+  const int saved_world = c.optimizer.value("world_size", 1);
+  if (saved_world != s.comm->size() && s.leader()) {
+    log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
+              std::to_string(s.comm->size()) + (zero_ranks > 0 || be.state_shards() != nullptr ? " (optimizer state resharded)" : "") +
+              ": the data continues where it stopped, but each step now reads " + std::to_string(s.comm->size()) + "/" +
+              std::to_string(saved_world) + " times as many tokens");
+  }
+}
+
+void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Diloco* dl, const SliceAssembler& za) {
   const CheckpointData& c = ck.data;
   const std::string& where = ck.dir;
   // The architecture must match; training knobs may change on resume.
@@ -307,25 +514,7 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
                     std::to_string(saved_world) + " ranks");
     restore_diloco(be, s, ck, *dl);
   } else {
-    const auto& ts = be.tensors();
-    GHT_EXPECTS(c.master.size() == ts.size(), "checkpoint " + where + " has " + std::to_string(c.master.size()) +
-                                                  " optimizer tensors; the model has " + std::to_string(ts.size()));
-    for (std::size_t r = 0; r < ts.size(); ++r) {
-      const auto& t = ts[r];
-      const auto& ms = c.master[r];
-      GHT_EXPECTS(ms.name == t.name && ms.data.size() == t.numel && c.adam_m[r].data.size() == t.numel &&
-                      c.adam_v[r].data.size() == t.numel,
-                  "checkpoint " + where + ": tensor " + ms.name + " does not match the model's " + t.name);
-      opt.load_state(r, ms.data.data(), c.adam_m[r].data.data(), c.adam_v[r].data.data());
-      be.load_weights(r, std::span<const float>(ms.data.data(), ms.data.size()));
-    }
-    restore_compute_weights(be, s, ck);
-    opt.set_step_count(c.optimizer.at("step").get<std::int64_t>());
-    if (saved_world != s.comm->size() && s.leader()) {
-      log::warn("checkpoint " + where + " was written by " + std::to_string(saved_world) + " process(es), this run has " +
-                std::to_string(s.comm->size()) + ": the data continues where it stopped, but each step now reads " +
-                std::to_string(s.comm->size()) + "/" + std::to_string(saved_world) + " times as many tokens");
-    }
+    restore_state(be, s, ck, za);
   }
   s.loader->restore(LoaderState::from_json(c.data_position));
   s.step = c.step;
@@ -431,7 +620,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     LoadOptions lo;
     if (cfg.diloco.on()) {
       dl = std::make_unique<Diloco>(be, s);
-      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank())};
+      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank()), kPendingFile};
       GHT_EXPECTS(!be.delayed_update(), "GHT_OPT_DELAY=1 with DiLoCo (diloco.inner_steps=" +
                                             std::to_string(cfg.diloco.inner_steps) +
                                             "): the delayed update is not built for DiLoCo's inner steps; unset one");
@@ -442,19 +631,35 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
                     s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
                     cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
       s.say(buf);
+      if (cfg.diloco.streaming()) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "streaming DiLoCo: %lld fragments (the model's units dealt out by stride), each synchronised "
+                      "every %lld steps, %lld steps apart; each all-reduce overlaps %lld inner step(s); a synchronised "
+                      "fragment keeps %g of its local weights",
+                      static_cast<long long>(cfg.diloco.fragments), static_cast<long long>(cfg.diloco.inner_steps),
+                      static_cast<long long>(cfg.diloco.inner_steps / cfg.diloco.fragments),
+                      static_cast<long long>(cfg.diloco.overlap_steps), cfg.diloco.mix);
+        s.say(line);
+      }
     }
     if (be.delayed_update()) {
       lo.tensor_files.push_back(kComputeWeightsFile);
       s.say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights after update "
             "k-1 while update k runs; evals see those weights, checkpoints keep them next to master");
     }
+    // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
+    SliceAssembler za(be.tensors(), optimizer_slices(be));
+    lo.stream_prefix = kZeroShardPrefix;
+    lo.stream = [&za](const std::string& dir, const std::string& file, const StMetadata& meta,
+                      const CheckpointTensorView& t) { za.take(dir, file, meta, t); };
     if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
-      restore(be, s, *ck, dl.get());
+      restore(be, s, *ck, dl.get(), za);
       s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
     } else {
       be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
       if (dl) {
-        gather_local(be, *dl);
+        gather_local(be, *dl, all_tensors(be));
         std::copy(dl->outer.local().begin(), dl->outer.local().end(), dl->outer.global().begin());
       }
     }
@@ -474,18 +679,21 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     const StopHandlers handlers;
     const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
     std::int64_t saved_step = -1;
-    // With DiLoCo every rank writes its shard of each checkpoint; otherwise rank 0 alone writes.
+    // With DiLoCo or ZeRO-1 every rank writes its shard of each checkpoint; otherwise rank 0
+    // alone writes.
+    const bool per_rank_shards = dl != nullptr || be.state_shards() != nullptr;
     auto save_ckpt = [&](std::int64_t step) {
-      if (!save_ckpts || (!s.leader() && !dl)) return;
+      if (!save_ckpts || (!s.leader() && !per_rank_shards)) return;
       summary.last_checkpoint = save_checkpoint(be, s, step, dl.get());
       saved_step = step;
     };
     // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
     auto save_before_rethrow = [&](const char* where) {
       if (!save_ckpts || !s.leader() || s.step == summary.first_step || s.step == saved_step) return;
-      if (dl && s.comm->size() > 1) {
+      if (per_rank_shards && s.comm->size() > 1) {
         log::warn(std::string("the run failed in ") + where + "; no checkpoint of step " + std::to_string(s.step) +
-                  ": a DiLoCo checkpoint needs every rank's shard, and the other ranks are not saving");
+                  ": a " + (dl ? "DiLoCo" : "sharded (ZeRO-1)") +
+                  " checkpoint needs every rank's shard, and the other ranks are not saving");
         return;
       }
       try {
@@ -521,12 +729,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
         throw;
       }
       ++s.step;
-      std::optional<double> pseudo_grad_norm;
-      if (dl && dl->outer.due(s.step, cfg.steps)) {
-        gather_local(be, *dl);
-        pseudo_grad_norm = dl->outer.step();
-        scatter_global(be, *dl);
-      }
+      const std::optional<nlohmann::ordered_json> outer = dl ? outer_work(be, *dl, cfg, s.step) : std::nullopt;
 
       StepRecord rec;
       rec.step = s.step;
@@ -541,7 +744,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       rec.elapsed_s = elapsed();
       rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
       log.log_step(rec);
-      if (pseudo_grad_norm) log.log_event({{"type", "outer"}, {"step", s.step}, {"pseudo_grad_norm", *pseudo_grad_norm}});
+      if (outer) log.log_event(*outer);
       be.after_step(s.step, log);
       summary.last_loss = o.loss;
 

@@ -19,7 +19,9 @@
  *     TrainSummary sum = run_training(b, s);
  *
  * Several processes (data parallel, TrainSession::comm of size N > 1): every rank runs this loop
- * in lockstep with replicated weights and optimizer state; every rank reads the same data stream
+ * in lockstep with the same weights, and either its shard of the optimizer state (ZeRO-1,
+ * TrainBackend::state_shards(), trainer/zero.hpp: every rank writes its part of each checkpoint,
+ * and a resume on any N reshards) or all of it; every rank reads the same data stream
  * (so the loader's position is the same everywhere) and the backend computes its share of it.
  * Rank 0 alone owns the run directory: the lock, config.json, log.jsonl and the checkpoints.
  * Every rank reads the checkpoint on resume (the run directory must be on a shared file system).
@@ -51,6 +53,7 @@ class AdamW;
 namespace ght::trainer {
 
 class MetricsLogger;
+class StateShards;
 
 /// What one optimizer step produced; the loop turns it into the step record.
 struct StepOutcome {
@@ -98,13 +101,20 @@ class TrainSession {
   std::unique_ptr<RunDirLock> lock_;
 };
 
-/// One backend of the loop. Its parameter tensors are its optimizer's regions, in order.
+/// One backend of the loop. Its parameter tensors are its optimizer's regions, in order, unless
+/// its state is sharded (state_shards()).
 class TrainBackend {
  public:
   virtual ~TrainBackend() = default;
   [[nodiscard]] virtual std::string name() const = 0;
   [[nodiscard]] virtual const std::vector<NamedTensor>& tensors() const = 0;
   [[nodiscard]] virtual optimizer::AdamW& optimizer() = 0;
+  /**
+   * @brief ZeRO-1 (dist.optimizer_state=sharded with N > 1 data-parallel ranks, trainer/zero.hpp):
+   * which slice of which tensor each of this rank's optimizer regions holds. Checkpoints are
+   * then written per rank and resume on any number of ranks. Null: region r is tensor r, whole.
+   */
+  [[nodiscard]] virtual const StateShards* state_shards() const { return nullptr; }
   /// Fresh start: the initial weights (from the seed) into the model and the optimizer's master.
   virtual void init_weights(std::uint64_t seed) = 0;
   /// Resume: tensor r's fp32 weights into the model (the optimizer state is loaded already).

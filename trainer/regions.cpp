@@ -36,9 +36,13 @@ Access make_access(const char* what, double times, double window, GpuPath path) 
   return a;
 }
 
-void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, std::vector<Region>& out) {
+void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, int ranks, std::vector<Region>& out) {
   const double P = static_cast<double>(g.params);
   const auto p = static_cast<std::uint64_t>(g.params);
+  // ZeRO-1: one rank updates (and holds the state of) 1/ranks of the group.
+  const auto n_ranks = static_cast<std::uint64_t>(ranks);
+  const std::uint64_t p_rank = (p + n_ranks - 1) / n_ranks;
+  const double P_rank = P / ranks;
   const double ga = c.grad_accum;
   const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
   const double routed = g.expert >= 0 ? tokens : 0;  // expert accesses need a routed token
@@ -60,7 +64,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, st
   fwd_bwd.gpu_read_bytes = g.weight_reads;
   fwd_bwd.routing_tokens = routed;
   Access w_opt = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-  w_opt.gpu_write_bytes = 2 * P;
+  w_opt.gpu_write_bytes = 2 * P_rank;  // the other ranks' parts arrive by all-gather (GPU to GPU)
   w.access = {fwd_bwd, w_opt};
   // The GPU computes on every bf16 weight in place each micro-batch; the trainer has no path
   // that streams weights in, so they must be in HBM (a plan that cannot hold them is infeasible).
@@ -76,8 +80,11 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, st
   acc_hbm.gpu_write_bytes = static_cast<double>(gb) * P;
   acc_hbm.routing_tokens = routed;
   Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-  opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P;
+  opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P_rank;
   gr.access = {acc_hbm, opt_hbm};
+  // With several ranks the gradients are reduced in HBM (NCCL): the trainer has no reduction of
+  // host-accumulated ones.
+  gr.host_allowed = ranks == 1;
   // Streaming: every micro-batch copies the bf16 gradient down and the CPU adds it into the fp32
   // accumulator (reads 2 B and, after the first micro-batch, 4 B; writes 4 B per param). The
   // first grad_accum - 1 micro-batches can hide anywhere in the step; the last one only in the
@@ -119,10 +126,10 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, st
       {"adam_m", ght::TensorClass::adam_m, moment},
       {"adam_v", ght::TensorClass::adam_v, moment}};
   for (const auto& [suffix, cls, elem] : states) {
-    Region s = base(suffix, cls, elem * p);
+    Region s = base(suffix, cls, elem * p_rank);
     Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-    a.gpu_read_bytes = static_cast<double>(elem) * P;
-    a.gpu_write_bytes = static_cast<double>(elem) * P;
+    a.gpu_read_bytes = static_cast<double>(elem) * P_rank;
+    a.gpu_write_bytes = static_cast<double>(elem) * P_rank;
     s.access = {a};
     out.push_back(std::move(s));
   }
@@ -213,8 +220,9 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) 
   options.host_state_hbm_bytes = optimizer::dma_slot_bytes(largest, optimizer::state_type_from_config());
 }
 
-std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) {
+std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, int ranks) {
   c.validate();
+  GHT_EXPECTS(ranks >= 1, "model_regions: ranks must be >= 1, got " + std::to_string(ranks));
   GHT_EXPECTS(routing.empty() || routing.size() == static_cast<std::size_t>(c.layers),
               "model_regions: routing has " + std::to_string(routing.size()) + " layers, the model " +
                   std::to_string(c.layers));
@@ -233,9 +241,9 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     // The untied input embedding is a gather: only the micro-batch's rows are read.
     embed.weight_reads = 2.0 * std::min(2.0 * static_cast<double>(table), 2.0 * tokens * c.d_model);
   }
-  add_group(c, embed, st, out);
+  add_group(c, embed, st, ranks, out);
   if (!c.tied_embeddings) {
-    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, st, out);
+    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, st, ranks, out);
   }
   const ActivationSizes act = activation_sizes(c);
   for (int l = 0; l < c.layers; ++l) {
@@ -243,7 +251,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     const std::int64_t dense = c.layer_dense_params();
     const double below = static_cast<double>(l) / c.layers;  // backward left after layer l
     add_group(c, {layer + ".attn", "attention", dense, l, -1, 0, 4.0 * static_cast<double>(dense), below},
-              st, out);
+              st, ranks, out);
     if (!routing.empty()) {
       GHT_EXPECTS(routing[l].size() == static_cast<std::size_t>(c.experts),
                   "model_regions: routing of layer " + std::to_string(l) + " has " +
@@ -256,7 +264,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
       add_group(c,
                 {layer + ".expert" + std::to_string(e), "experts", c.expert_params(), l, e, f,
                  4.0 * static_cast<double>(c.expert_params()), below + 0.5 / c.layers},
-                st, out);
+                st, ranks, out);
     }
     Region a;
     a.name = layer + ".activation";
@@ -269,7 +277,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing) 
     a.layer = l;
     out.push_back(std::move(a));
   }
-  add_group(c, {"final_norm", "norms", c.d_model, -1, -1, 0, 4.0 * c.d_model, 1.0}, st, out);
+  add_group(c, {"final_norm", "norms", c.d_model, -1, -1, 0, 4.0 * c.d_model, 1.0}, st, ranks, out);
   Region ws;
   ws.name = "workspace";
   ws.cls = ght::TensorClass::other;

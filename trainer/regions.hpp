@@ -52,10 +52,17 @@ struct ActivationSizes {
 };
 [[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg);
 
-/// The model's regions (see the file comment; m and v sized by GHT_OPT_STATE). @throws
-/// ght::logic_error for an invalid config or a routing table of the wrong shape.
-[[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg,
-                                                      const Routing& routing = {});
+/**
+ * @brief The model's regions (see the file comment; m and v sized by GHT_OPT_STATE), as one rank
+ * of `ranks` data-parallel ranks with sharded optimizer state (ZeRO-1, trainer/zero.hpp) holds
+ * them: each group's master, m and v are ⌈params / ranks⌉ parameters (a rank's share, to within
+ * ranks × 16 parameters per model unit), and so are the optimizer's reads and writes of them and
+ * of the gradient and weight; weights, gradients and activations stay whole. With ranks > 1 the
+ * gradients must stay in HBM (they are reduced there). ranks = 1: the whole model.
+ * @throws ght::logic_error for an invalid config, a routing table of the wrong shape, ranks < 1
+ */
+[[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg, const Routing& routing = {},
+                                                      int ranks = 1);
 
 /// The CUDA model's fixed buffer sizes, shared by the model (trainer/cuda/model_cuda.cpp) and
 /// activation_sizes(): its loss read-back slots, and the rows of its LM-head/CE chunk when

@@ -85,7 +85,10 @@ std::int64_t TensorInfo::numel() const noexcept { return numel_of(shape); }
 
 // ---- writing ------------------------------------------------------------------------------------
 
-std::string safetensors_header(std::span<const TensorRef> tensors, const StMetadata& metadata) {
+namespace {
+
+// The header; `with_data`: every non-empty tensor must point at its bytes.
+std::string make_header(std::span<const TensorRef> tensors, const StMetadata& metadata, bool with_data) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     nlohmann::ordered_json m = nlohmann::ordered_json::object();
@@ -102,7 +105,7 @@ std::string safetensors_header(std::span<const TensorRef> tensors, const StMetad
       GHT_EXPECTS(d >= 0, "safetensors: tensor '" + t.name + "' has a negative dimension in " +
                               shape_str(t.shape));
     }
-    GHT_EXPECTS(t.data != nullptr || t.bytes() == 0, "safetensors: tensor '" + t.name + "' has no data");
+    GHT_EXPECTS(!with_data || t.data != nullptr || t.bytes() == 0, "safetensors: tensor '" + t.name + "' has no data");
     const std::uint64_t end = off + t.bytes();
     h[t.name] = {{"dtype", std::string(to_string(t.dtype))}, {"shape", t.shape}, {"data_offsets", {off, end}}};
     off = end;
@@ -116,21 +119,41 @@ std::string safetensors_header(std::span<const TensorRef> tensors, const StMetad
   return out + json;
 }
 
+// Large tensors go in 64 MiB pieces so one write() never exceeds what Linux accepts at once.
+void write_bytes(fileio::OutFile& out, const void* data, std::uint64_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const std::uint64_t n = std::min<std::uint64_t>(bytes, 64ULL << 20);
+    out.write(p, static_cast<std::size_t>(n));
+    p += n;
+    bytes -= n;
+  }
+}
+
+}  // namespace
+
+std::string safetensors_header(std::span<const TensorRef> tensors, const StMetadata& metadata) {
+  return make_header(tensors, metadata, true);
+}
+
+void write_safetensors_streamed(fileio::OutFile& out, std::span<const TensorRef> tensors, const StMetadata& metadata,
+                                const std::function<void(std::size_t, void*)>& fill) {
+  const std::string header = make_header(tensors, metadata, false);
+  out.write(header.data(), header.size());
+  std::uint64_t largest = 0;
+  for (const auto& t : tensors) largest = std::max(largest, t.bytes());
+  std::vector<std::uint64_t> buf((largest + 7) / 8);  // 8-byte aligned for any dtype
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    fill(i, buf.data());
+    write_bytes(out, buf.data(), tensors[i].bytes());
+  }
+}
+
 void write_safetensors(fileio::OutFile& out, std::span<const TensorRef> tensors,
                        const StMetadata& metadata) {
   const std::string header = safetensors_header(tensors, metadata);
   out.write(header.data(), header.size());
-  for (const auto& t : tensors) {
-    // Large tensors go in 64 MiB pieces so one write() never exceeds what Linux accepts at once.
-    const auto* p = static_cast<const char*>(t.data);
-    std::uint64_t left = t.bytes();
-    while (left > 0) {
-      const std::uint64_t n = std::min<std::uint64_t>(left, 64ULL << 20);
-      out.write(p, static_cast<std::size_t>(n));
-      p += n;
-      left -= n;
-    }
-  }
+  for (const auto& t : tensors) write_bytes(out, t.data, t.bytes());
 }
 
 void write_safetensors(const std::string& path, std::span<const TensorRef> tensors,

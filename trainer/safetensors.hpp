@@ -18,6 +18,7 @@
  * {"metadata": {"total_size": bytes}, "weight_map": {name: file}}.
  */
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -69,6 +70,12 @@ void write_safetensors(const std::string& path, std::span<const TensorRef> tenso
 /// @brief Write into an open file (the checkpoint writer hashes as it writes).
 void write_safetensors(fileio::OutFile& out, std::span<const TensorRef> tensors,
                        const StMetadata& metadata = {});
+/// @brief The same file, with each tensor's bytes made only when they are written: `tensors`
+/// give names, dtypes and shapes (their data may be null), and fill(i, buf) writes tensor i's
+/// bytes into an 8-byte-aligned buffer as large as the largest tensor. One tensor is held at a
+/// time (a checkpoint of weights that live on several processes gathers each one there).
+void write_safetensors_streamed(fileio::OutFile& out, std::span<const TensorRef> tensors, const StMetadata& metadata,
+                                const std::function<void(std::size_t, void*)>& fill);
 
 /// @brief A validated safetensors file; tensor data is read on demand.
 class SafetensorsReader {

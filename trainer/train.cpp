@@ -15,6 +15,7 @@
 #include "trainer/loop.hpp"
 #include "trainer/model.hpp"
 #include "trainer/regions.hpp"
+#include "trainer/zero.hpp"
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -43,6 +44,13 @@ class CpuBackend final : public TrainBackend {
  public:
   explicit CpuBackend(const TrainSession& s) : cfg_(s.cfg), comm_(*s.comm), model_(s.cfg.model) {
     if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
+    // ZeRO-1: with N > 1 data-parallel ranks each holds one contiguous 1/N of master, m and v.
+    if (comm_.size() > 1 && !cfg_.diloco.on() && cfg_.dist.sharded()) {
+      if (delay_) throw ght::config_error(delay_with_shards_message(comm_.size()));
+      shards_ = std::make_unique<StateShards>(model_.tensors(), StateShards::whole_model(model_.tensors()), comm_.size(),
+                                              comm_.rank());
+    }
+    slices_ = shards_ ? shards_->slices() : whole_tensors(model_.tensors());
     // The run's allocator: the optimizer state is placed and counted there (GHT_HOST_BUDGET,
     // GHT_ALLOC_LOG). The fp32 reference model keeps its own vectors.
     opt_ = std::make_unique<optimizer::AdamW>(make_regions(), adam_options(), alloc_);
@@ -57,7 +65,12 @@ class CpuBackend final : public TrainBackend {
     } else if (comm_.size() > 1) {
       s.say("data parallel over " + std::to_string(comm_.size()) + " processes (" + comm_.name() + "): each reads " +
             std::to_string(mc.grad_accum) + " of every " + std::to_string(comm_.size() * mc.grad_accum) +
-            " micro-batches; gradients all-reduced; AdamW state replicated on every rank");
+            " micro-batches; " +
+            (shards_ ? "gradients reduce-scattered, AdamW state sharded (ZeRO-1: this rank holds " +
+                           std::to_string(shards_->owned()) + " of " + std::to_string(model_.params().size()) +
+                           " parameters' master, m and v), weights all-gathered"
+                     : std::string("gradients all-reduced; AdamW state replicated on every rank "
+                                   "(dist.optimizer_state=replicated)")));
     }
     if (s.run.profile_steps > 0) {
       s.say("note: --profile-steps applies to the cuda backend; the cpu backend logs each step's time and "
@@ -69,12 +82,11 @@ class CpuBackend final : public TrainBackend {
   [[nodiscard]] std::string name() const override { return "cpu"; }
   [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return model_.tensors(); }
   [[nodiscard]] optimizer::AdamW& optimizer() override { return *opt_; }
+  [[nodiscard]] const StateShards* state_shards() const override { return shards_.get(); }
 
   void init_weights(std::uint64_t seed) override {
     model_.init(seed);
-    for (std::size_t r = 0; r < tensors().size(); ++r) {
-      opt_->load_state(r, model_.params().data() + tensors()[r].offset, nullptr, nullptr);
-    }
+    for (std::size_t r = 0; r < slices_.size(); ++r) opt_->load_state(r, param_of(r), nullptr, nullptr);
   }
 
   void load_weights(std::size_t r, std::span<const float> w) override {
@@ -109,7 +121,11 @@ class CpuBackend final : public TrainBackend {
     });
     if (N > 1 && !local) {
       auto g = model_.grads();
-      comm_.allreduce_sum(g.data(), g.size());
+      if (shards_) {
+        comm_.reduce_scatter_sum(g.data(), shards_->layout().counts(0));  // this rank's shard: the sum
+      } else {
+        comm_.allreduce_sum(g.data(), g.size());
+      }
       double losses[2] = {o.loss, o.aux_loss};
       comm_.allreduce_sum(losses, 2);
       o.loss = losses[0];
@@ -139,10 +155,13 @@ class CpuBackend final : public TrainBackend {
   }
 
  private:
-  // One optimizer region per named tensor: the weight-decay mask is per tensor (none on norms).
+  // One optimizer region per named tensor (the weight-decay mask is per tensor: none on norms),
+  // or per slice of this rank's ZeRO-1 shard.
   std::vector<optimizer::Region> make_regions() {
-    std::vector<optimizer::Region> regions;
     auto grads = model_.grads();
+    // The CPU backend computes on the fp32 master copy itself: no bf16 weight.
+    if (shards_) return shards_->regions(grads.data(), optimizer::GradType::fp32, nullptr);
+    std::vector<optimizer::Region> regions;
     for (const auto& t : model_.tensors()) {
       optimizer::Region r;
       r.name = t.name;
@@ -161,23 +180,30 @@ class CpuBackend final : public TrainBackend {
     o.hyper = cfg_.adam;
     o.path = optimizer::PathChoice::cpu;
     o.cpu_threads = cfg_.threads;
+    if (shards_) o.combine_sumsq = sumsq_over_ranks(comm_);  // the norm over every rank's shard
     return o;
   }
 
-  // master -> the model's fp32 parameters.
+  // Region r's place in the model's fp32 parameters.
+  float* param_of(std::size_t r) {
+    return model_.params().data() + model_.tensors()[slices_[r].tensor].offset + slices_[r].first;
+  }
+
+  // master -> the model's fp32 parameters (ZeRO-1: this rank's shard, then every rank's).
   void copy_master_to_params() {
-    auto params = model_.params();
-    const auto& ts = model_.tensors();
-    for (std::size_t r = 0; r < ts.size(); ++r) opt_->save_state(r, params.data() + ts[r].offset, nullptr, nullptr);
+    for (std::size_t r = 0; r < slices_.size(); ++r) opt_->save_state(r, param_of(r), nullptr, nullptr);
+    if (shards_) comm_.all_gather(model_.params().data(), shards_->layout().counts(0));
   }
 
   const TrainConfig& cfg_;
   dist::Communicator& comm_;
   MoEModel<float> model_;
   std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
+  bool delay_ = trainer::delayed_update();  // GHT_OPT_DELAY
+  std::unique_ptr<StateShards> shards_;      // ZeRO-1 (N > 1, dist.optimizer_state=sharded)
+  std::vector<TensorSlice> slices_;          // what each optimizer region holds
   std::unique_ptr<optimizer::AdamW> opt_;
   Batch batch_;
-  bool delay_ = trainer::delayed_update();  // GHT_OPT_DELAY
 };
 
 }  // namespace
@@ -189,12 +215,6 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   cfg.validate();
   const dist::Launch launch = dist::detect_launch(dist::process_env());
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
-    if (cfg.diloco.on()) {
-      throw ght::config_error("diloco.inner_steps=" + std::to_string(cfg.diloco.inner_steps) + " with train.backend=" +
-                              cfg.backend + " (cuda): DiLoCo runs on the cpu backend only (the CUDA backend's "
-                              "several processes are data parallel over NCCL, with no outer step yet); set "
-                              "train.backend=cpu or diloco.inner_steps=0");
-    }
     // Several processes need NCCL (GPU data) and MPI (its set-up): refused before anything runs.
     dist::check_gpu_launch(launch, dist::have_nccl(), dist::have_mpi());
 #ifdef GHT_HAVE_CUDA

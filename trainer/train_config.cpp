@@ -42,6 +42,8 @@ std::pair<std::int64_t, std::int64_t> int_range(const std::string& key) {
       {"train.threads", {0, 4096}},
       {"schedule.warmup_steps", {0, kSteps}},
       {"diloco.inner_steps", {0, kSteps}},
+      {"diloco.fragments", {1, 1 << 16}},
+      {"diloco.overlap_steps", {0, kSteps}},
   };
   const auto it = r.find(key);
   GHT_EXPECTS(it != r.end(), "train config: no range declared for integer key '" + key + "'");
@@ -154,6 +156,10 @@ const std::map<std::string, Setter>& setters() {
       GHT_FIELD("diloco", outer_lr, diloco.outer_lr),
       GHT_FIELD("diloco", outer_momentum, diloco.outer_momentum),
       GHT_FIELD("diloco", bf16_pseudo_grads, diloco.bf16_pseudo_grads),
+      GHT_FIELD("diloco", fragments, diloco.fragments),
+      GHT_FIELD("diloco", overlap_steps, diloco.overlap_steps),
+      GHT_FIELD("diloco", mix, diloco.mix),
+      GHT_FIELD("dist", optimizer_state, dist.optimizer_state),
   };
   return s;
 }
@@ -188,7 +194,7 @@ void apply_document(TrainConfig& c, const toml::value& doc, const std::string& o
   for (const auto& [section, table] : top) {
     if (!table.is_table()) {
       throw ght::logic_error(origin + ": '" + section +
-                             "' must be a table ([model], [train], [optimizer], [schedule], [diloco])");
+                             "' must be a table ([model], [train], [optimizer], [schedule], [diloco], [dist])");
     }
     for (const auto& [key, value] : table.as_table()) {
       if (section == "model" && key == "preset") continue;
@@ -264,11 +270,34 @@ void TrainConfig::validate() const {
   if (!(diloco.outer_momentum >= 0 && diloco.outer_momentum < 1)) {
     fail("diloco.outer_momentum", "must be in [0, 1), got " + number_text(diloco.outer_momentum));
   }
+  finite("diloco.mix", diloco.mix);
+  if (!(diloco.mix >= 0 && diloco.mix <= 1)) fail("diloco.mix", "must be in [0, 1], got " + number_text(diloco.mix));
+  if (diloco.fragments < 1) fail("diloco.fragments", "must be >= 1, got " + std::to_string(diloco.fragments));
+  if (diloco.overlap_steps < 0) fail("diloco.overlap_steps", "must be >= 0, got " + std::to_string(diloco.overlap_steps));
+  if (diloco.on() && diloco.inner_steps % diloco.fragments != 0) {
+    fail("diloco.fragments", "(" + std::to_string(diloco.fragments) + ") must divide diloco.inner_steps (" +
+                                 std::to_string(diloco.inner_steps) + "): each fragment syncs once every H steps, H/fragments apart");
+  }
+  if (diloco.on() && diloco.overlap_steps >= diloco.inner_steps / diloco.fragments) {
+    fail("diloco.overlap_steps", "(" + std::to_string(diloco.overlap_steps) + ") must be below diloco.inner_steps / diloco.fragments (" +
+                                     std::to_string(diloco.inner_steps / diloco.fragments) +
+                                     "): one fragment's all-reduce at a time");
+  }
+  // Streaming: some fragment is always mid-window, so the ranks' models never agree before the
+  // closing outer step.
+  if (diloco.streaming() && eval_every != 0) {
+    fail("train.eval_every", "(" + std::to_string(eval_every) + ") must be 0 with streaming DiLoCo (diloco.fragments, "
+                             "overlap_steps or mix set): the workers' models agree only after the last step's outer step, "
+                             "where the final eval runs");
+  }
   // Mid-window every rank holds its own weights: an eval there would mix the workers' models.
   if (diloco.on() && eval_every % diloco.inner_steps != 0) {
     fail("train.eval_every", "(" + std::to_string(eval_every) + ") must be a multiple of diloco.inner_steps (" +
                                  std::to_string(diloco.inner_steps) +
                                  "), so that evals see the synchronised model (0: only at the end)");
+  }
+  if (!dist.sharded() && dist.optimizer_state != "replicated") {
+    fail("dist.optimizer_state", "must be sharded or replicated, got '" + dist.optimizer_state + "'");
   }
   schedule.validate();
 }
@@ -298,7 +327,9 @@ nlohmann::ordered_json TrainConfig::to_json() const {
                    {"min_lr", schedule.min_lr}, {"warmup_steps", schedule.warmup_steps},
                    {"decay_fraction", schedule.decay_fraction}};
   j["diloco"] = {{"inner_steps", diloco.inner_steps}, {"outer_lr", diloco.outer_lr},
-                 {"outer_momentum", diloco.outer_momentum}, {"bf16_pseudo_grads", diloco.bf16_pseudo_grads}};
+                 {"outer_momentum", diloco.outer_momentum}, {"bf16_pseudo_grads", diloco.bf16_pseudo_grads},
+                 {"fragments", diloco.fragments}, {"overlap_steps", diloco.overlap_steps}, {"mix", diloco.mix}};
+  j["dist"] = {{"optimizer_state", dist.optimizer_state}};
   return j;
 }
 

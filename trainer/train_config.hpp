@@ -12,7 +12,9 @@
  *                log_every, threads
  *   [optimizer]  beta1, beta2, eps, weight_decay, max_grad_norm
  *   [schedule]   kind (cosine|linear|wsd|constant), lr, min_lr, warmup_steps, decay_fraction
- *   [diloco]     inner_steps, outer_lr, outer_momentum, bf16_pseudo_grads (trainer/diloco.hpp)
+ *   [diloco]     inner_steps, outer_lr, outer_momentum, bf16_pseudo_grads, fragments,
+ *                overlap_steps, mix (trainer/diloco.hpp)
+ *   [dist]       optimizer_state (sharded|replicated: ZeRO-1 or not, trainer/zero.hpp)
  * Overrides use the same names: "model.d_model=128", "train.steps=500", "schedule.lr=1e-3".
  *
  * Every integer is range-checked before it is narrowed (model fields: model_int_ranges(); train
@@ -44,7 +46,28 @@ struct DilocoConfig {
   double outer_lr = 0.7;           ///< in (0, 10]
   double outer_momentum = 0.9;     ///< Nesterov momentum, in [0, 1)
   bool bf16_pseudo_grads = false;  ///< round the pseudo-gradients to bf16 before the all-reduce
+  /// Streaming DiLoCo (Douillard et al. 2025; trainer/diloco.hpp): the model's units split, by
+  /// stride, into this many fragments, each synchronised once every H steps at its own offset;
+  /// a divisor of H. 1: the whole model at once.
+  std::int64_t fragments = 1;
+  /// Streaming: inner steps a fragment's all-reduce overlaps before its outer step is applied
+  /// (τ), in [0, H / fragments).
+  std::int64_t overlap_steps = 0;
+  /// Streaming: a synchronised fragment's local weights become mix·θ_local + (1 − mix)·θ_global
+  /// (α, in [0, 1]; 0 replaces them, as plain DiLoCo does).
+  double mix = 0;
   [[nodiscard]] bool on() const noexcept { return inner_steps > 0; }
+  /// Any of the streaming options set: the fragment schedule instead of the whole-model step.
+  [[nodiscard]] bool streaming() const noexcept { return on() && (fragments > 1 || overlap_steps > 0 || mix > 0); }
+};
+
+/// Several data-parallel processes (trainer/zero.hpp). One process ignores it.
+struct DistConfig {
+  /// "sharded": ZeRO-1, each of N > 1 ranks holds 1/N of master, m and v (gradients
+  /// reduce-scattered, weights all-gathered); "replicated": every rank holds all of it (gradients
+  /// all-reduced). DiLoCo's workers keep their own whole state either way.
+  std::string optimizer_state = "sharded";
+  [[nodiscard]] bool sharded() const noexcept { return optimizer_state == "sharded"; }
 };
 
 struct TrainConfig {
@@ -52,6 +75,7 @@ struct TrainConfig {
   ScheduleConfig schedule;     ///< total_steps follows `steps`
   optimizer::AdamWHyper adam;
   DilocoConfig diloco;
+  DistConfig dist;
   std::string data = "build/data/demo";  ///< directory or glob of train_*/val_* shards
   std::string out = "runs/tiny";         ///< run directory: checkpoints, log.jsonl
   std::int64_t steps = 1000;

@@ -118,6 +118,34 @@ expect_in "$TMP/err.txt" "regions[0].class: unknown class 'wieght'"
 "$GHT" plan --model seed-22b --profile gh200 >/dev/null 2>"$TMP/err.txt" && fail "unknown model accepted"
 expect_in "$TMP/err.txt" "neither a preset"
 
+# 8. --ranks N: the plan of one of N ZeRO-1 ranks. Hand-checked on tiny (d_model 96, vocab 256,
+#    tied): the embedding has 256 x 96 = 24576 params: weight 2 x 24576 = 49152 B and fp32
+#    gradient 4 x 24576 = 98304 B stay whole; master, m and v are 4 x ceil(24576 / 3) = 32768 B
+#    each. A layer's attention group has 28272 params (its weight: 56544 B): 4 x 9424 = 37696 B.
+#    The final norm's 96 params: 4 x 32 = 128 B. With N > 1 gradients cannot stream to the host.
+"$GHT" plan --model tiny --profile gh200 --ranks 3 >"$TMP/ranks.txt" 2>&1 || fail "--ranks 3: $(cat "$TMP/ranks.txt")"
+expect_in "$TMP/ranks.txt" "ranks: 3 data-parallel ranks with sharded optimizer state (ZeRO-1)"
+if "$GHT" plan --model tiny --profile gh200 --ranks 3 --json >"$TMP/ranks.json" 2>"$TMP/err.txt"; then
+  python3 - "$TMP/ranks.json" <<'EOF' || fail "--ranks 3: region sizes are not the hand-checked ones"
+import json, sys
+got = {r["name"]: r["bytes"] for r in json.load(open(sys.argv[1]))["regions"]}
+want = {"embed.weight": 49152, "embed.grad": 98304, "embed.master": 32768, "embed.adam_m": 32768,
+        "embed.adam_v": 32768, "layer0.attn.weight": 56544, "layer0.attn.master": 37696,
+        "layer1.attn.adam_v": 37696, "final_norm.master": 128, "final_norm.grad": 384}
+bad = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+assert not bad, bad
+EOF
+else
+  fail "--ranks 3 --json: $(cat "$TMP/err.txt")"
+fi
+"$GHT" plan --model tiny --profile gh200 --ranks 2 --policy static --place grad=stream >/dev/null 2>"$TMP/err.txt" \
+  && fail "--ranks 2 with streamed gradients accepted"
+expect_in "$TMP/err.txt" "region 'embed.grad' (class grad) does not allow the host tier"
+"$GHT" plan --model tiny --profile gh200 --ranks 0 >/dev/null 2>"$TMP/err.txt" && fail "--ranks 0 accepted"
+expect_in "$TMP/err.txt" "--ranks: Value 0 not in range 1 to 65536"
+"$GHT" plan --regions "$TMP/regions.json" --ranks 2 >/dev/null 2>"$TMP/err.txt" && fail "--ranks with --regions accepted"
+expect_in "$TMP/err.txt" "--ranks applies to a model"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "alloc/tiered.hpp"
+#include "trainer/model_config.hpp"
 #include "optimizer/bf16.hpp"
 #include "tier/error.hpp"
 
@@ -129,6 +130,116 @@ TEST(DilocoOuter, DueEveryHStepsAndAtTheLastStep) {
     if (o.due(s, 10)) due.push_back(s);
   }
   EXPECT_EQ(due, (std::vector<std::int64_t>{4, 8, 10}));
+}
+
+// Streaming DiLoCo's pieces on one process (several ranks and the loop:
+// tests/trainer/mpi/diloco_mpi_test.cpp).
+TEST(StreamingDiloco, FragmentsDealTheUnitsByStride) {
+  const MoEModel<float> m(preset("tiny"));  // 2 layers: units embed, layer 0, layer 1, final norm
+  const auto& ts = m.tensors();
+  const auto f = diloco_fragment_tensors(ts, 2);
+  ASSERT_EQ(f.size(), 2u);
+  std::size_t total = 0;
+  for (std::size_t p = 0; p < 2; ++p) {
+    total += f[p].size();
+    for (std::size_t t : f[p]) {
+      const std::string& n = ts[t].name;
+      // Units 0 (embedding) and 2 (layer 1) in fragment 0; 1 (layer 0) and 3 (the final norm) in 1.
+      const bool first = n == "model.embed_tokens.weight" || n.rfind("model.layers.1.", 0) == 0;
+      EXPECT_EQ(p, first ? 0u : 1u) << n;
+    }
+  }
+  EXPECT_EQ(total, ts.size());
+  EXPECT_EQ(diloco_fragment_tensors(ts, 1)[0].size(), ts.size());
+  EXPECT_THROW((void)diloco_fragment_tensors(ts, 5), ght::logic_error);  // 4 units
+}
+
+TEST(StreamingDiloco, EachFragmentIsSentOnceEveryHStepsAtItsOffsetAndAppliedTauLater) {
+  const auto comm = dist::make_single_communicator();
+  const auto a = alloc::make_default_tiered_allocator();
+  DilocoConfig c = config(0.7, 0.9, false);
+  c.inner_steps = 6;
+  c.fragments = 3;
+  c.overlap_steps = 1;
+  DilocoOuter o(c, 30, *comm, *a);
+  o.set_fragments({{{0, 10}}, {{10, 20}}, {{20, 30}}});
+  std::vector<std::string> events;
+  for (std::int64_t s = 1; s <= 13; ++s) {
+    const OuterDue d = o.due_streaming(s, 13);
+    if (d.send) {
+      events.push_back("send " + std::to_string(*d.send) + "@" + std::to_string(s));
+      o.send(*d.send, s);
+    }
+    if (d.apply) {
+      events.push_back("apply " + std::to_string(*d.apply) + "@" + std::to_string(s));
+      (void)o.apply(*d.apply);
+    }
+    if (d.full) events.push_back("full@" + std::to_string(s));
+  }
+  // Fragment p at 2(p+1) + 6k, applied one step later; the last step closes with the full step.
+  EXPECT_EQ(events, (std::vector<std::string>{"send 0@2", "apply 0@3", "send 1@4", "apply 1@5", "send 2@6", "apply 2@7",
+                                              "send 0@8", "apply 0@9", "send 1@10", "apply 1@11", "send 2@12",
+                                              "apply 2@13", "full@13"}));
+}
+
+// One worker: the fragment's outer step is the plain one on its elements, the merge mixes α of
+// the local weights after the overlapped steps, and nothing outside the fragment moves.
+TEST(StreamingDiloco, ApplyRunsTheOuterStepOnTheFragmentAndMerges) {
+  const auto comm = dist::make_single_communicator();
+  const auto a = alloc::make_default_tiered_allocator();
+  DilocoConfig c = config(0.7, 0.9, false);
+  c.inner_steps = 4;
+  c.fragments = 2;
+  c.overlap_steps = 1;
+  c.mix = 0.25;
+  const std::size_t n = 64;
+  DilocoOuter o(c, n, *comm, *a);
+  o.set_fragments({{{0, 16}, {32, 48}}, {{16, 32}, {48, 64}}});
+  const std::vector<float> g0 = random_values(n, 3, 0.05f), sent = random_values(n, 4, 0.05f),
+                           later = random_values(n, 5, 0.05f);
+  std::copy(g0.begin(), g0.end(), o.global().begin());
+  std::copy(sent.begin(), sent.end(), o.local().begin());
+  o.send(1, 2);
+  EXPECT_EQ(o.pending(), std::optional<std::size_t>(1));
+  std::copy(later.begin(), later.end(), o.local().begin());  // the worker moved on for τ steps
+  const double norm = o.apply(1);
+  double sq = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool in = (i >= 16 && i < 32) || i >= 48;
+    if (!in) {
+      ASSERT_EQ(o.global()[i], g0[i]) << i;
+      ASSERT_EQ(o.local()[i], later[i]) << i;
+      ASSERT_EQ(o.momentum()[i], 0.0f) << i;
+      continue;
+    }
+    const float d = g0[i] - sent[i];
+    sq += static_cast<double>(d) * d;
+    const float buf = d, g = g0[i] - 0.7f * (d + 0.9f * buf);
+    ASSERT_NEAR(o.momentum()[i], buf, 1e-7f) << i;
+    ASSERT_NEAR(o.global()[i], g, 1e-7f) << i;
+    ASSERT_NEAR(o.local()[i], 0.25f * later[i] + 0.75f * g, 1e-7f) << i;
+  }
+  EXPECT_NEAR(norm, std::sqrt(sq), 1e-12 * std::sqrt(sq));
+  EXPECT_FALSE(o.pending());
+  EXPECT_THROW((void)o.apply(1), ght::logic_error);  // not sent again
+}
+
+TEST(StreamingDiloco, ConfigIsChecked) {
+  TrainConfig c;
+  c.diloco.inner_steps = 6;
+  c.eval_every = 0;
+  c.diloco.fragments = 4;
+  EXPECT_THROW(c.validate(), ght::logic_error);  // 4 does not divide 6
+  c.diloco.fragments = 3;
+  c.diloco.overlap_steps = 2;
+  EXPECT_THROW(c.validate(), ght::logic_error);  // two fragments in flight
+  c.diloco.overlap_steps = 1;
+  c.diloco.mix = 1.5;
+  EXPECT_THROW(c.validate(), ght::logic_error);
+  c.diloco.mix = 0.5;
+  EXPECT_NO_THROW(c.validate());
+  c.eval_every = 6;
+  EXPECT_THROW(c.validate(), ght::logic_error);  // evals only at the end
 }
 
 }  // namespace

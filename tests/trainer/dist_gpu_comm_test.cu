@@ -162,6 +162,32 @@ TEST(GpuComm, OneRankCollectivesMatchTheCpu) {
   g->wait(s.s);  // nothing pending: returns at once
 }
 
+// ZeRO-1's calls on one unit (trainer/cuda/train_cuda.cpp, reduce_unit and gather_weights), in
+// place as the trainer makes them: the even part (a multiple of 16 per rank) reduce-scattered
+// with out = in + rank·q, the remainder all-reduced; the weights' even part all-gathered with
+// in = out + rank·q, the remainder broadcast from the last rank. One rank: every byte stays.
+TEST(GpuComm, ZeroOneInPlaceUnitCollectivesOnOneRank) {
+  REQUIRE_NCCL();
+  const auto cpu = make_single_communicator();
+  const auto g = one_rank(*cpu);
+  Stream s;
+  constexpr std::size_t n = 10007, q = n / 16 * 16;  // one rank: q = 10000, remainder 7
+  const auto me = static_cast<std::size_t>(g->rank());
+  const std::vector<float> x = random_floats(n, 8);
+  DeviceBuf<float> grads(n);
+  grads.put(x);
+  g->reduce_scatter(grads.p, grads.p + me * q, q, GpuType::f32, GpuReduce::avg, s.s);
+  g->allreduce(grads.p + q, n - q, GpuType::f32, GpuReduce::avg, s.s);
+  const std::vector<std::uint16_t> w = random_bf16(n, 9);
+  DeviceBuf<std::uint16_t> weights(n);
+  weights.put(w);
+  g->all_gather(weights.p + me * q, weights.p, q, GpuType::bf16, s.s);
+  g->broadcast(weights.p + q, (n - q) * sizeof(std::uint16_t), g->size() - 1, s.s);
+  g->wait(s.s);
+  expect_equal(grads.get(), x, "in-place reduce-scatter + remainder all-reduce (avg over one rank)");
+  expect_equal(weights.get(), w, "in-place all-gather + remainder broadcast");
+}
+
 __device__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

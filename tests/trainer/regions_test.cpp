@@ -8,6 +8,7 @@
 
 #include "common/registry.hpp"
 #include "tier/config.hpp"
+#include "tier/error.hpp"
 #include "tier/link.hpp"
 #include "tier/plan.hpp"
 #include "trainer/regions.hpp"
@@ -75,6 +76,37 @@ TEST(ModelRegions, Bf16StateSizesMAndVAtTwoBytes) {
   }
   EXPECT_GT(with_fp32.host_state_hbm_bytes, 0u);
   EXPECT_EQ(3 * with_bf16.host_state_hbm_bytes, 2 * with_fp32.host_state_hbm_bytes);
+}
+
+// ZeRO-1: one of N ranks holds ceil(params / N) of every group's master, m and v, and the
+// optimizer moves only those; weights, gradients and activations stay whole.
+TEST(ModelRegions, RanksShardTheStateOnly) {
+  const ModelConfig c = preset("seed-21b");
+  const auto one = model_regions(c);
+  for (int n : {2, 3, 8}) {
+    const auto rs = model_regions(c, {}, n);
+    ASSERT_EQ(rs.size(), one.size());
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+      const Region& a = one[i];
+      const Region& b = rs[i];
+      ASSERT_EQ(a.name, b.name);
+      const bool state = a.cls == TensorClass::master || a.cls == TensorClass::adam_m || a.cls == TensorClass::adam_v;
+      if (state) {
+        const std::uint64_t elem = 4;  // fp32 master; m and v are fp32 by default
+        const std::uint64_t params = a.bytes / elem;
+        EXPECT_EQ(b.bytes, elem * ((params + n - 1) / n)) << b.name << " on " << n << " ranks";
+        ASSERT_EQ(b.access.size(), 1u);
+        EXPECT_NEAR(b.access[0].gpu_read_bytes, a.access[0].gpu_read_bytes / n, 1e-6 * a.access[0].gpu_read_bytes);
+      } else {
+        EXPECT_EQ(b.bytes, a.bytes) << b.name;
+      }
+      if (a.cls == TensorClass::grad) {
+        EXPECT_TRUE(a.host_allowed);
+        EXPECT_FALSE(b.host_allowed) << b.name << ": gradients are reduced in HBM";
+      }
+    }
+  }
+  EXPECT_THROW((void)model_regions(c, {}, 0), ght::logic_error);
 }
 
 TEST(ModelRegions, Seed21bShape) {

@@ -30,6 +30,7 @@ struct PlanArgs {
   std::vector<std::string> overrides;
   bool json = false;
   bool explain = false;
+  int ranks = 1;
 };
 
 std::string read_text(const std::string& path) {
@@ -160,12 +161,19 @@ void run(const PlanArgs& a) {
                   static_cast<long long>(cfg.tokens_per_step()), cfg.seq_len, cfg.micro_batch,
                   cfg.grad_accum);
     header = line;
+    if (a.ranks > 1) {
+      header += "ranks: " + std::to_string(a.ranks) +
+                " data-parallel ranks with sharded optimizer state (ZeRO-1): the plan of one rank, whose master, "
+                "m and v are 1/" + std::to_string(a.ranks) +
+                " of each group's; weights, gradients (in HBM) and activations whole\n";
+    }
     if (a.regions.empty()) {
-      regions = ght::trainer::model_regions(cfg);
+      regions = ght::trainer::model_regions(cfg, {}, a.ranks);
       trainer_cfg = cfg;  // the trainer's fixed HBM costs apply to its own regions
     }
   }
   if (!a.regions.empty()) {
+    if (a.ranks > 1) throw ght::config_error("--ranks applies to a model (--model, --config), not to --regions");
     auto set = ght::tier::load_regions_file(a.regions);
     regions = std::move(set.regions);
     if (set.step_flops > 0) step_flops = set.step_flops;  // the file's own step size wins
@@ -215,6 +223,11 @@ void setup(CLI::App& app) {
   c->add_option("--from-json", a->from_json, "Print a plan saved with --json instead of planning")
       ->type_name("FILE");
   c->add_option("--out", a->out, "Also write the plan as JSON to FILE")->type_name("FILE");
+  c->add_option("--ranks", a->ranks,
+                "Plan one of N data-parallel ranks with sharded optimizer state (ZeRO-1, `mpirun -np N ght "
+                "train`): master, m and v 1/N per rank")
+      ->type_name("N")
+      ->check(CLI::Range(1, 65536));
   c->add_flag("--json", a->json, "Print the plan as JSON (the format the allocator and trainer read)");
   c->add_flag("--explain", a->explain, "Add one reason line per decision and the planner's notes");
   c->callback([a] { run(*a); });

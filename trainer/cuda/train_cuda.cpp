@@ -44,6 +44,7 @@
 #include "trainer/loop.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/regions.hpp"
+#include "trainer/zero.hpp"
 
 namespace ght::trainer {
 
@@ -56,8 +57,9 @@ constexpr double kPeakFlops = Roofline::bf16_dense_datasheet_flops;  // op_costs
 // ---- placement -----------------------------------------------------------------------------
 
 // The plan this run follows, made for the allocator's own budgets so that what it predicts is
-// what the allocator enforces: greedy by default (GHT_POLICY), GHT_PLACE rules when set.
-tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a) {
+// what the allocator enforces: greedy by default (GHT_POLICY), GHT_PLACE rules when set. `ranks`:
+// the data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none).
+tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, int ranks) {
   const config::Registry& reg = config::cfg();
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
@@ -78,7 +80,7 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
     }
   }
   add_trainer_reservations(options, mc);
-  return tier::make_plan(model_regions(mc), options);
+  return tier::make_plan(model_regions(mc, {}, ranks), options);
 }
 
 // What the allocator holds, per tier and per class on each tier: {"hbm": {"current", "peak",
@@ -145,6 +147,9 @@ struct StepProfile {
   bool speculation_undone = false;    // ...and recomputed or restored after it
   bool traced = false;                // its kernels were traced (--trace-kernels): perturbed
   std::optional<double> prev_opt_update_ms;
+  // ZeRO-1 (CudaRun::measure_comm): the reductions' GPU time, the part of it after the last
+  // backward, the previous step's all-gathers' GPU time.
+  std::optional<double> dp_reduce_ms, dp_reduce_exposed_ms, dp_gather_ms;
   nlohmann::ordered_json memory;  // memory_json() after the step: bytes per tier and class
   [[nodiscard]] nlohmann::ordered_json json() const {
     nlohmann::ordered_json j = {{"step", step},
@@ -164,6 +169,9 @@ struct StepProfile {
                                 {"spec_host_ms", spec_host_ms},
                                 {"speculation_undone", speculation_undone}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
+    if (dp_reduce_ms) j["dp_reduce_ms"] = *dp_reduce_ms;
+    if (dp_reduce_exposed_ms) j["dp_reduce_exposed_ms"] = *dp_reduce_exposed_ms;
+    if (dp_gather_ms) j["dp_gather_ms"] = *dp_gather_ms;
     if (traced) j["traced"] = true;
     if (!memory.is_null()) j["memory"] = memory;
     return j;
@@ -197,6 +205,10 @@ class CudaRun final : public TrainBackend {
     }
     if (model_) (void)cudaStreamSynchronize(model_->stream());
     if (timer_stream_ != nullptr) (void)cudaStreamDestroy(timer_stream_);
+    if (comm_stream_ != nullptr) {
+      (void)cudaStreamSynchronize(comm_stream_);
+      (void)cudaStreamDestroy(comm_stream_);
+    }
     if (grad_ready_stream_ != nullptr) (void)cudaStreamDestroy(grad_ready_stream_);
   }
   CudaRun(const CudaRun&) = delete;
@@ -209,6 +221,7 @@ class CudaRun final : public TrainBackend {
   [[nodiscard]] std::string name() const override { return "cuda"; }
   [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return model_->tensors(); }
   [[nodiscard]] optimizer::AdamW& optimizer() override { return *opt_; }
+  [[nodiscard]] const StateShards* state_shards() const override { return shards_.get(); }
   void init_weights(std::uint64_t seed) override;
   void load_weights(std::size_t r, std::span<const float> w) override;
   [[nodiscard]] bool delayed_update() const override { return delay_; }
@@ -254,8 +267,14 @@ class CudaRun final : public TrainBackend {
   void start_data_parallel();
   void check_data_parallel(const std::string& grad_mode) const;
   void reduce_gradients();
-  void mean_over_ranks(double& loss, double& aux) const;
+  void mean_over_ranks(double& loss, double& aux, double& grad_norm) const;
+  void start_sharding();
+  void reduce_unit(int u);
+  void gather_weights();
+  void measure_comm(StepProfile& p) const;
   [[nodiscard]] bool data_parallel() const noexcept { return gpu_comm_ != nullptr; }
+  /// ZeRO-1: data parallel (not DiLoCo) with dist.optimizer_state=sharded.
+  [[nodiscard]] bool zero1() const noexcept { return data_parallel() && cfg_.dist.sharded() && !cfg_.diloco.on(); }
   void before_unit_forward(int u);
   void after_unit_backward(int u);
   void stream_unit(int u);
@@ -317,6 +336,20 @@ class CudaRun final : public TrainBackend {
   void* other_g_ = nullptr;
   std::future<void> update_;  // the update thread's launches
   dist::GpuChoice gpu_choice_;
+  // ZeRO-1 (dist.optimizer_state=sharded, world size > 1): the slices of the tensors this rank's
+  // optimizer regions hold (every tensor whole otherwise), and the collectives' stream and events.
+  std::unique_ptr<StateShards> shards_;
+  std::vector<TensorSlice> slices_;
+  cudaStream_t comm_stream_ = nullptr;
+  struct ZeroEvents {  // per unit; *_begin after the comm stream's waits, so a pair times one collective
+    explicit ZeroEvents(std::size_t units)
+        : grads_final(units), reduce_begin(units), reduce_done(units), gather_begin(units), gathered(units) {}
+    std::vector<Event> grads_final, reduce_begin, reduce_done, gather_begin, gathered;
+    Event reduce_end;  // after every unit's reduction: what the norm waits for
+  };
+  std::unique_ptr<ZeroEvents> zev_;        // made with shards_ (CUDA calls wait for setup)
+  bool gathers_queued_ = false;            // gather_begin/gathered hold the last step's gathers
+  std::optional<double> prev_gather_ms_;  // their time, once complete
   std::unique_ptr<dist::GpuCommunicator> gpu_comm_;  // world size > 1 only; goes first
 };
 
@@ -340,7 +373,7 @@ void CudaRun::setup() {
 
   // ---- the allocator and the plan it follows ----
   alloc_ = alloc::make_default_tiered_allocator();
-  plan_ = make_run_plan(mc, *alloc_);
+  plan_ = make_run_plan(mc, *alloc_, zero1() ? s_.comm->size() : 1);
   const tier::Plan& plan = *plan_;
   say("plan (" + std::string(tier::to_string(plan.options().policy)) + "; set GHT_POLICY or GHT_PLACE to change it):\n" +
       plan.format_table(false));
@@ -423,26 +456,27 @@ void CudaRun::setup() {
   }
   std::vector<optimizer::Region> regions;
   const auto& ts = model_->tensors();
+  start_sharding();  // slices_: every tensor whole, or this rank's ZeRO-1 slices
   unit_regions_.assign(static_cast<std::size_t>(U), {});
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    const NamedTensor& t = ts[r];
+  for (std::size_t r = 0; r < slices_.size(); ++r) {
+    const NamedTensor& t = ts[slices_[r].tensor];
+    const std::size_t at = t.offset + slices_[r].first;  // the region's flat offset
     optimizer::Region g;
     g.name = t.name;
-    g.n = t.numel;
+    g.n = slices_[r].n;
+    g.first = slices_[r].first;
     g.weight_decay = t.decay;
-    g.weight = model_->weights() + t.offset;
+    g.weight = model_->weights() + at;
     if (stream_grads_) {
-      g.grad = host_grads_.as<float>() + t.offset;
+      g.grad = host_grads_.as<float>() + at;
       g.grad_type = optimizer::GradType::fp32;
     } else {
-      g.grad = static_cast<const char*>(model_->grads()) +
-               t.offset * optimizer::grad_type_size(model_->grad_type());
+      g.grad = static_cast<const char*>(model_->grads()) + at * optimizer::grad_type_size(model_->grad_type());
       g.grad_type = model_->grad_type();
     }
     regions.push_back(std::move(g));
     for (int u = 0; u < U; ++u) {
-      if (t.offset >= unit_range_[static_cast<std::size_t>(u)].first &&
-          t.offset < unit_range_[static_cast<std::size_t>(u)].second) {
+      if (at >= unit_range_[static_cast<std::size_t>(u)].first && at < unit_range_[static_cast<std::size_t>(u)].second) {
         unit_regions_[static_cast<std::size_t>(u)].push_back(r);
       }
     }
@@ -451,15 +485,16 @@ void CudaRun::setup() {
   ao.hyper = cfg_.adam;
   ao.cpu_threads = cfg_.threads;
   if (data_parallel()) ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
+  if (shards_) ao.combine_sumsq = sumsq_over_ranks(*s_.comm);  // the norm over every rank's shard
   opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, alloc_);
 
   // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
   std::size_t by_path[3] = {0, 0, 0};
   const auto state_bytes_per_param = static_cast<double>(4 + 2 * optimizer::state_type_size(opt_->state_type()));
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    const auto n = static_cast<double>(ts[r].numel);
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+    const auto n = static_cast<double>(opt_->region(r).n);
     const optimizer::Path p = opt_->path(r);
-    by_path[static_cast<int>(p)] += ts[r].numel;
+    by_path[static_cast<int>(p)] += opt_->region(r).n;
     if (p == optimizer::Path::gpu_link) {
       // Host master, m and v read and written once (4 + 2·moment bytes each way: 12, or 8 with
       // bf16 m and v); a host gradient is read too. (A region whose state the plan split between
@@ -535,9 +570,11 @@ void CudaRun::setup() {
 void CudaRun::init_weights(std::uint64_t seed) {
   // Same values as the CPU backend's init: fp32 master, bf16 compute weights.
   const auto& ts = model_->tensors();
-  init_params_host(ts, seed, [&](std::size_t r, std::span<const float> v) {
-    load_weights(r, v);
-    opt_->load_state(r, v.data(), nullptr, nullptr);
+  init_params_host(ts, seed, [&](std::size_t t, std::span<const float> v) {
+    load_weights(t, v);
+    for (std::size_t r = 0; r < slices_.size(); ++r) {
+      if (slices_[r].tensor == t) opt_->load_state(r, v.data() + slices_[r].first, nullptr, nullptr);
+    }
   });
 }
 
@@ -573,6 +610,7 @@ void CudaRun::on_start(MetricsLogger& log) {
 
 void CudaRun::synchronize() {
   join_update();
+  if (comm_stream_ != nullptr) gpu_comm_->wait(comm_stream_);  // ZeRO-1's gathers
   opt_->synchronize();
   GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
 }
@@ -605,7 +643,11 @@ void CudaRun::before_unit_forward(int u) {
     // The unit's weights are final once every one of its regions' last chunk is written.
     const bool timed = training_;
     if (timed) cur_->wait_before[uu].record(s);
-    for (std::size_t r : unit_regions_[uu]) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+    if (shards_) {
+      GHT_CUDA_TRY(cudaStreamWaitEvent(s, zev_->gathered[uu].get(), 0));  // ZeRO-1: every rank's part of it
+    } else {
+      for (std::size_t r : unit_regions_[uu]) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+    }
     if (timed) {
       cur_->wait_after[uu].record(s);
       cur_->waited[uu] = true;
@@ -624,6 +666,7 @@ void CudaRun::before_unit_forward(int u) {
 
 void CudaRun::after_unit_backward(int u) {
   if (!training_) return;
+  if (shards_ && micro_ == cfg_.model.grad_accum - 1) reduce_unit(u);  // its gradients are final
   if (speculate_now_ && micro_ == cfg_.model.grad_accum - 1) speculate_unit(u);
   if (!stream_grads_) return;
   unit_done_[static_cast<std::size_t>(u)].record(model_->stream());
@@ -687,16 +730,47 @@ void CudaRun::start_data_parallel() {
   gpu_comm_ = dist::make_gpu_communicator(*s_.comm, gpu_choice_);
   (void)tier::topology(true);
   const ModelConfig& mc = cfg_.model;
+  if (cfg_.diloco.on()) {
+    say("DiLoCo over " + std::to_string(s_.comm->size()) + " processes, one GPU each (" + gpu_comm_->name() +
+        " only checks the GPUs): each reads " + std::to_string(mc.grad_accum) + " of every " +
+        std::to_string(s_.comm->size() * mc.grad_accum) + " micro-batches and steps its own AdamW on them; the "
+        "outer all-reduce of the pseudo-gradients runs over " + s_.comm->name() + " in host memory");
+    return;
+  }
   say("data parallel over " + std::to_string(s_.comm->size()) + " processes (" + gpu_comm_->name() +
       ", set up over " + s_.comm->name() + "; rank 0 on GPU " + std::to_string(gpu_choice_.device) + " by " +
       gpu_choice_.chosen_by + "): each reads " + std::to_string(mc.grad_accum) + " of every " +
-      std::to_string(s_.comm->size() * mc.grad_accum) +
-      " micro-batches; gradients averaged over the ranks on the GPU after the last backward; AdamW state "
-      "replicated on every rank");
+      std::to_string(s_.comm->size() * mc.grad_accum) + " micro-batches; " +
+      (cfg_.dist.sharded()
+           ? "AdamW state sharded (ZeRO-1): each unit's gradients reduce-scattered as its last backward ends, "
+             "each rank updates its 1/" + std::to_string(s_.comm->size()) + " of master, m and v, the bf16 weights "
+             "all-gathered unit by unit before the next forward uses them"
+           : std::string("gradients averaged over the ranks on the GPU after the last backward; AdamW state "
+                         "replicated on every rank (dist.optimizer_state=replicated)")));
+}
+
+// ZeRO-1 with world size > 1 (trainer/zero.hpp): buckets are the model's units, so that a unit's
+// gradients can be reduced as soon as its last backward ends and its weights gathered before its
+// forward; each rank's optimizer regions are its slices of them. Otherwise every tensor whole.
+void CudaRun::start_sharding() {
+  const auto& ts = model_->tensors();
+  if (!zero1()) {  // one process, replicated state, or DiLoCo (each worker's whole state)
+    slices_ = whole_tensors(ts);
+    return;
+  }
+  if (delay_) throw ght::config_error(delay_with_shards_message(s_.comm->size()));
+  std::vector<dist::Range> units;
+  for (const auto& [a, e] : unit_range_) units.push_back({a, e});
+  shards_ = std::make_unique<StateShards>(ts, units, s_.comm->size(), s_.comm->rank());
+  slices_ = shards_->slices();
+  GHT_CUDA_TRY(cudaStreamCreateWithFlags(&comm_stream_, cudaStreamNonBlocking));
+  zev_ = std::make_unique<ZeroEvents>(unit_range_.size());
+  say("ZeRO-1: this rank holds master, m and v of " + std::to_string(shards_->owned()) + " of " +
+      std::to_string(model_->num_params()) + " parameters, in " + std::to_string(slices_.size()) + " slices");
 }
 
 void CudaRun::check_data_parallel(const std::string& grad_mode) const {
-  if (!data_parallel() || !stream_grads_) return;
+  if (!data_parallel() || !stream_grads_ || cfg_.diloco.on()) return;  // DiLoCo reduces no gradients
   throw ght::config_error(
       "the plan streams gradients to the host (gradient mode " + grad_mode + ") in a data-parallel run of " +
       std::to_string(s_.comm->size()) + " processes: host-accumulated gradients are not all-reduced yet; keep "
@@ -709,21 +783,94 @@ void CudaRun::check_data_parallel(const std::string& grad_mode) const {
 // optimizer state stays identical. The wait bounds it by GHT_DIST_TIMEOUT: a rank that never
 // joins fails here, naming the collective, instead of hanging in begin_step's synchronisation.
 void CudaRun::reduce_gradients() {
-  if (!data_parallel()) return;
+  if (!data_parallel() || cfg_.diloco.on()) return;  // DiLoCo: each worker steps on its own gradients
   const cudaStream_t s = model_->stream();
+  if (shards_) {
+    // ZeRO-1: every unit's reduction was queued as its last backward ended (reduce_unit); the
+    // norm and the update read the gradients after them.
+    zev_->reduce_end.record(comm_stream_);
+    GHT_CUDA_TRY(cudaStreamWaitEvent(s, zev_->reduce_end.get(), 0));
+    gpu_comm_->wait(comm_stream_);
+    // The previous step's gathers came before this step's reductions on the comm stream.
+    if (gathers_queued_) {
+      double ms = 0;
+      for (std::size_t b = 0; b < unit_range_.size(); ++b) ms += elapsed_ms(zev_->gather_begin[b], zev_->gathered[b]);
+      prev_gather_ms_ = ms;
+    }
+    return;
+  }
   const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
   gpu_comm_->allreduce(model_->grads(), model_->num_params(), t, dist::GpuReduce::avg, s);
   gpu_comm_->wait(s);
 }
 
-// The record's losses are the means over every rank's micro-batches.
-void CudaRun::mean_over_ranks(double& loss, double& aux) const {
+// ZeRO-1, after unit u's last backward was queued: on the comm stream, once that backward is done,
+// the unit's gradients (each the mean over this rank's micro-batches) become on this rank's piece
+// the mean over the ranks: an in-place reduce-scatter of the unit's even part, and an all-reduce
+// of the remainder (the last rank's, fewer than ranks x kShardAlign elements). Units end in
+// backward order, the same on every rank, so the collectives match.
+void CudaRun::reduce_unit(int u) {
+  const auto b = static_cast<std::size_t>(u);
+  const dist::ShardLayout& l = shards_->layout();
+  const std::size_t a = l.buckets()[b].begin, n = l.buckets()[b].size(), q = l.even(b);
+  const auto ranks = static_cast<std::size_t>(l.ranks()), me = static_cast<std::size_t>(shards_->rank());
+  const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
+  const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
+  auto* g = static_cast<char*>(model_->grads());
+  zev_->grads_final[b].record(model_->stream());
+  GHT_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, zev_->grads_final[b].get(), 0));
+  zev_->reduce_begin[b].record(comm_stream_);
+  if (q > 0) gpu_comm_->reduce_scatter(g + a * gsize, g + (a + me * q) * gsize, q, t, dist::GpuReduce::avg, comm_stream_);
+  if (n > ranks * q) gpu_comm_->allreduce(g + (a + ranks * q) * gsize, n - ranks * q, t, dist::GpuReduce::avg, comm_stream_);
+  zev_->reduce_done[b].record(comm_stream_);
+}
+
+// ZeRO-1, after this rank's updates were queued: unit by unit, once the unit's regions are
+// updated, every rank's bf16 weights of it land on every rank (an in-place all-gather of the even
+// part, a broadcast of the last rank's remainder); the next forward waits for gathered[u] alone.
+// Nothing waits on the host: the next step's reduce_gradients() bounds these by the deadline too.
+void CudaRun::gather_weights() {
+  if (!shards_) return;
+  const dist::ShardLayout& l = shards_->layout();
+  const auto ranks = static_cast<std::size_t>(l.ranks()), me = static_cast<std::size_t>(shards_->rank());
+  __nv_bfloat16* w = model_->weights();
+  for (std::size_t b = 0; b < l.buckets().size(); ++b) {
+    for (std::size_t r : unit_regions_[b]) GHT_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, opt_->region_event(r), 0));
+    zev_->gather_begin[b].record(comm_stream_);
+    const std::size_t a = l.buckets()[b].begin, n = l.buckets()[b].size(), q = l.even(b);
+    if (q > 0) gpu_comm_->all_gather(w + a + me * q, w + a, q, dist::GpuType::bf16, comm_stream_);
+    if (n > ranks * q) {
+      gpu_comm_->broadcast(w + a + ranks * q, (n - ranks * q) * sizeof(__nv_bfloat16), l.ranks() - 1, comm_stream_);
+    }
+    zev_->gathered[b].record(comm_stream_);
+  }
+  gathers_queued_ = true;
+}
+
+// ZeRO-1 timings of the step that just ran: the reductions' GPU time (the sum over units, each
+// from when the comm stream started it), the part of the comm stream's work after the last
+// backward (what the norm waited for), and the all-gathers' time of the step before (this step's
+// are still running).
+void CudaRun::measure_comm(StepProfile& p) const {
+  if (!shards_) return;
+  const int A = cfg_.model.grad_accum;
+  double ms = 0;
+  for (std::size_t b = 0; b < unit_range_.size(); ++b) ms += elapsed_ms(zev_->reduce_begin[b], zev_->reduce_done[b]);
+  p.dp_reduce_ms = ms;
+  p.dp_reduce_exposed_ms = std::max(0.0, elapsed_ms(cur_->bwd_end[static_cast<std::size_t>(A - 1)], zev_->reduce_end));
+  p.dp_gather_ms = prev_gather_ms_;
+}
+
+// The record's losses are the means over every rank's micro-batches; with DiLoCo so is the grad
+// norm (each worker's own; data parallel's is the same on every rank).
+void CudaRun::mean_over_ranks(double& loss, double& aux, double& grad_norm) const {
   const int n = s_.comm->size();
   if (n == 1) return;
-  double m[2] = {loss, aux};
-  s_.comm->allreduce_sum(m, 2);
+  double m[3] = {loss, aux, grad_norm};
+  s_.comm->allreduce_sum(m, 3);
   loss = m[0] / n;
   aux = m[1] / n;
+  if (cfg_.diloco.on()) grad_norm = m[2] / n;
 }
 
 // ---- kernel trace (--trace-kernels) ------------------------------------------------------------
@@ -868,6 +1015,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     launch_update_async();
   } else {
     for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
+    gather_weights();  // ZeRO-1: every rank's updated part, before the next forward's first use
     if (gpu_opt) {
       for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
         GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
@@ -881,7 +1029,8 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
 
   for (int m = std::max(0, A - kSlots); m < A; ++m) add_loss(m);
-  mean_over_ranks(loss, aux);
+  double grad_norm = sr.grad_norm;
+  mean_over_ranks(loss, aux, grad_norm);
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
@@ -901,7 +1050,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   StepOutcome o;
   o.loss = loss;
   o.aux_loss = aux;
-  o.grad_norm = sr.grad_norm;
+  o.grad_norm = grad_norm;
   o.seconds = dt;
   o.mfu = p.mfu;
   o.link_gb_h2d = p.h2d_gb;
@@ -988,6 +1137,7 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
   p.speculation_undone = sr.speculation_undone;
   p.spec_host_ms = spec_host_ms_;
   p.memory = memory_json(*alloc_);
+  measure_comm(p);
   return p;
 }
 

@@ -23,6 +23,33 @@ void Communicator::allreduce_sum(double* x, std::size_t n) {
   do_allreduce_sum(x, n, Type::f64);
 }
 
+void Communicator::reduce_scatter_sum(float* x, std::span<const std::size_t> counts) {
+  ++calls_;
+  check_counts("reduce_scatter_sum", x, counts);
+  if (size_ > 1) do_reduce_scatter_sum(x, counts, Type::f32);
+}
+
+void Communicator::all_gather(float* x, std::span<const std::size_t> counts) {
+  ++calls_;
+  check_counts("all_gather", x, counts);
+  if (size_ > 1) do_all_gather(x, counts, Type::f32);
+}
+
+void Communicator::all_gather(double* x, std::span<const std::size_t> counts) {
+  ++calls_;
+  check_counts("all_gather", x, counts);
+  if (size_ > 1) do_all_gather(x, counts, Type::f64);
+}
+
+void Communicator::check_counts(const char* op, const void* x, std::span<const std::size_t> counts) const {
+  GHT_EXPECTS(counts.size() == static_cast<std::size_t>(size_), std::string(op) + ": " + std::to_string(counts.size()) +
+                                                                    " block counts for " + std::to_string(size_) +
+                                                                    " ranks");
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  GHT_EXPECTS(total == 0 || x != nullptr, std::string(op) + ": null buffer");
+}
+
 void Communicator::broadcast(void* data, std::size_t bytes, int root) {
   ++calls_;
   GHT_EXPECTS(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank of " +
@@ -30,6 +57,27 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
   if (bytes == 0 || size_ == 1) return;
   GHT_EXPECTS(data != nullptr, "broadcast: null buffer");
   do_broadcast(data, bytes, root);
+}
+
+void Communicator::start_allreduce_sum(float* x, std::size_t n) {
+  ++calls_;
+  GHT_EXPECTS(!started_, "start_allreduce_sum: an all-reduce started before has not been waited for");
+  started_ = true;
+  transfer_ = n > 0 && size_ > 1;
+  if (!transfer_) return;
+  GHT_EXPECTS(x != nullptr, "start_allreduce_sum: null buffer");
+  do_start_allreduce_sum(x, n);
+}
+
+bool Communicator::test_allreduce() {
+  if (!started_ || !transfer_) return true;
+  return do_test_allreduce();
+}
+
+void Communicator::wait_allreduce() {
+  if (!started_) return;
+  started_ = false;
+  if (transfer_) do_wait_allreduce();
 }
 
 void Communicator::barrier() {
@@ -53,6 +101,11 @@ class SingleCommunicator final : public Communicator {
 
  protected:
   void do_allreduce_sum(void*, std::size_t, Type) override {}
+  void do_reduce_scatter_sum(void*, std::span<const std::size_t>, Type) override {}
+  void do_all_gather(void*, std::span<const std::size_t>, Type) override {}
+  void do_start_allreduce_sum(float*, std::size_t) override {}
+  bool do_test_allreduce() override { return true; }
+  void do_wait_allreduce() override {}
   void do_broadcast(void*, std::size_t, int) override {}
   void do_barrier() override {}
 };

@@ -3,7 +3,8 @@
  * @file comm.hpp
  * @brief CPU collectives between the processes of a launch.
  *
- * A Communicator has a rank and a size and four collectives. Every rank must call the same
+ * A Communicator has a rank and a size and six collectives, and one all-reduce that can run in
+ * the background (start_allreduce_sum, wait_allreduce). Every rank must call the same
  * collectives in the same order. Each collective has a deadline (GHT_DIST_TIMEOUT, 300 s by
  * default): a rank that waits past it throws ght::dist::timeout_error naming the operation, its
  * size, its sequence number and the rank(s) it waited for where that is knowable (the root of a
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -43,28 +45,65 @@ class Communicator {
   [[nodiscard]] std::chrono::duration<double> timeout() const noexcept { return timeout_; }
   /// A short name: "single" or "mpi".
   [[nodiscard]] virtual std::string name() const = 0;
+  /// Element type of a collective's buffer.
+  enum class Type { f32, f64 };
 
   /// x[0..n) := the elementwise sum over ranks (the same result on every rank).
   /// @throws timeout_error, comm_error
   void allreduce_sum(float* x, std::size_t n);
   void allreduce_sum(double* x, std::size_t n);
+  /**
+   * @brief In place over blocks in rank order: x holds Σ counts[r] elements, rank r's block
+   * (counts[r] of them) at offset counts[0] + ... + counts[r-1]. Afterwards this rank's block
+   * holds the elementwise sum over ranks of that block; the other blocks are left unspecified.
+   * Blocks may be empty. (ZeRO-1's gradient reduction; NCCL's in-place ncclReduceScatter with
+   * blocks of any size.)
+   * @throws ght::logic_error when counts.size() != size(); timeout_error, comm_error
+   */
+  void reduce_scatter_sum(float* x, std::span<const std::size_t> counts);
+  /// In place over the same blocks: every rank's block, as that rank holds it, lands in its
+  /// place on every rank (ZeRO-1's weight gather; MPI_Allgatherv in place).
+  void all_gather(float* x, std::span<const std::size_t> counts);
+  void all_gather(double* x, std::span<const std::size_t> counts);
   /// `bytes` bytes at `data` from rank `root` to every rank. @throws ght::logic_error for a bad root
   void broadcast(void* data, std::size_t bytes, int root);
+  /**
+   * @brief Start x[0..n) := the elementwise sum over ranks and return without waiting (streaming
+   * DiLoCo overlaps it with the next inner steps). x must stay untouched until wait_allreduce();
+   * other collectives may run meanwhile, in the same order on every rank. One at a time.
+   * @throws ght::logic_error when one is already started; comm_error
+   */
+  void start_allreduce_sum(float* x, std::size_t n);
+  /// Let the started all-reduce progress (MPI moves non-blocking collectives inside its own
+  /// calls); true when it has completed (or none is started).
+  bool test_allreduce();
+  /// Wait for the started all-reduce (nothing when none is); its deadline counts from this call.
+  /// @throws timeout_error, comm_error
+  void wait_allreduce();
+  [[nodiscard]] bool allreduce_started() const noexcept { return started_; }
   void barrier();
 
  protected:
   Communicator(int rank, int size, std::chrono::duration<double> timeout);
-  enum class Type { f32, f64 };
   virtual void do_allreduce_sum(void* x, std::size_t n, Type t) = 0;
+  virtual void do_reduce_scatter_sum(void* x, std::span<const std::size_t> counts, Type t) = 0;
+  virtual void do_all_gather(void* x, std::span<const std::size_t> counts, Type t) = 0;
   virtual void do_broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
+  virtual void do_start_allreduce_sum(float* x, std::size_t n) = 0;
+  virtual bool do_test_allreduce() = 0;
+  virtual void do_wait_allreduce() = 0;
   /// Which rank(s) a collective with `root` (-1: none) waits for, for an error message.
   [[nodiscard]] std::string waited_for(int root) const;
+  /// One block count per rank, and a buffer when any block is non-empty.
+  void check_counts(const char* op, const void* x, std::span<const std::size_t> counts) const;
   std::uint64_t calls_ = 0;  ///< collectives started so far (the failing one's number in errors)
 
  private:
   int rank_, size_;
   std::chrono::duration<double> timeout_;
+  bool started_ = false;   // start_allreduce_sum without its wait_allreduce yet
+  bool transfer_ = false;  // ...and it moves data (n > 0, several ranks)
 };
 
 /// The world-size-1 communicator.

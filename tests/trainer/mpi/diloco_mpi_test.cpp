@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +29,9 @@
 #include "optimizer/bf16.hpp"
 #include "trainer/dist/comm.hpp"
 #include "trainer/dist/launch.hpp"
+#include "trainer/diloco.hpp"
 #include "trainer/loop.hpp"
+#include "trainer/mpi/mpi_main.hpp"
 #include "trainer/train_run_util.hpp"
 
 namespace {
@@ -47,29 +51,6 @@ std::vector<float> master_of(TrainBackend& be) {
   return flat;
 }
 
-// The CPU backend, recording θ_global at each window's start and θ_local at its end.
-class Recording final : public TrainBackend {
- public:
-  Recording(std::unique_ptr<TrainBackend> be, std::int64_t h) : be_(std::move(be)), h_(h) {}
-  [[nodiscard]] std::string name() const override { return be_->name(); }
-  [[nodiscard]] const std::vector<NamedTensor>& tensors() const override { return be_->tensors(); }
-  [[nodiscard]] ght::optimizer::AdamW& optimizer() override { return be_->optimizer(); }
-  void init_weights(std::uint64_t seed) override { be_->init_weights(seed); }
-  void load_weights(std::size_t r, std::span<const float> w) override { be_->load_weights(r, w); }
-  double eval_loss(const Batch& b) override { return be_->eval_loss(b); }
-  StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
-    if (step % h_ == 0) starts.push_back(master_of(*be_));
-    StepOutcome o = be_->step(step, lr, data);
-    if ((step + 1) % h_ == 0) locals.push_back(master_of(*be_));
-    return o;
-  }
-  std::vector<std::vector<float>> starts, locals;
-
- private:
-  std::unique_ptr<TrainBackend> be_;
-  std::int64_t h_;
-};
-
 struct Case {
   std::int64_t h;
   double lr, momentum;
@@ -82,16 +63,8 @@ class DilocoMpi : public testing::TestWithParam<Case> {};
 TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
   const Case k = GetParam();
   const int n = g_comm->size(), rank = g_comm->rank();
-  // One directory for all ranks: rank 0's, broadcast.
-  std::unique_ptr<ght::test::TempDir> tmp;
-  char dir[256] = {};
-  if (rank == 0) {
-    tmp = std::make_unique<ght::test::TempDir>("ght_diloco_mpi");
-    test::write_random_corpus(*tmp / "data", 40000, 4000);
-    tmp->str().copy(dir, sizeof dir - 1);
-  }
-  g_comm->broadcast(dir, sizeof dir, 0);
-  const std::string root = dir;
+  const ght::test::SharedRunDir dir(*g_comm, "ght_diloco_mpi");
+  const std::string& root = dir.root;
   TrainConfig cfg = test::tiny_cpu_run_config(root + "/data", root + "/run");
   cfg.model.grad_accum = 1;
   cfg.threads = 1;
@@ -101,21 +74,28 @@ TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
   run.quiet = true;
   {
     TrainSession s(cfg, run, g_comm);
-    Recording be(make_cpu_backend(s), k.h);
+    // θ_global at each window's start, θ_local at its end.
+    std::vector<std::vector<float>> starts, locals;
+    ght::test::StepHook be(make_cpu_backend(s), [&](TrainBackend& in, std::int64_t step, double lr, DataLoader& data) {
+      if (step % k.h == 0) starts.push_back(master_of(in));
+      StepOutcome o = in.step(step, lr, data);
+      if ((step + 1) % k.h == 0) locals.push_back(master_of(in));
+      return o;
+    });
     (void)run_training(be, s);
-    be.starts.push_back(master_of(be));  // after the last outer step: θ_local = θ_global
-    ASSERT_EQ(be.starts.size(), static_cast<std::size_t>(k.windows + 1));
-    ASSERT_EQ(be.locals.size(), static_cast<std::size_t>(k.windows));
+    starts.push_back(master_of(be));  // after the last outer step: θ_local = θ_global
+    ASSERT_EQ(starts.size(), static_cast<std::size_t>(k.windows + 1));
+    ASSERT_EQ(locals.size(), static_cast<std::size_t>(k.windows));
 
-    const std::size_t p = be.starts[0].size();
+    const std::size_t p = starts[0].size();
     std::vector<float> buf(p, 0.0f);
     double worst = 0, worst_mean = 0;
     for (int w = 0; w < k.windows; ++w) {
       // Every rank's θ_local of this window: each fills its slot, a sum over ranks gathers them.
       std::vector<float> all(p * static_cast<std::size_t>(n), 0.0f);
-      std::copy(be.locals[w].begin(), be.locals[w].end(), all.begin() + static_cast<std::ptrdiff_t>(p) * rank);
+      std::copy(locals[w].begin(), locals[w].end(), all.begin() + static_cast<std::ptrdiff_t>(p) * rank);
       g_comm->allreduce_sum(all.data(), all.size());
-      const std::vector<float>& g = be.starts[w];
+      const std::vector<float>& g = starts[w];
       const auto lr = static_cast<float>(k.lr), mu = static_cast<float>(k.momentum);
       for (std::size_t i = 0; i < p; ++i) {
         float sum = 0, mean_local = 0;
@@ -128,7 +108,7 @@ TEST_P(DilocoMpi, OuterStepsFollowTheReference) {
         const float delta = sum / static_cast<float>(n);
         buf[i] = mu * buf[i] + delta;
         const float want = g[i] - lr * (delta + mu * buf[i]);
-        const float got = be.starts[w + 1][i];
+        const float got = starts[w + 1][i];
         worst = std::max(worst, static_cast<double>(std::abs(got - want)));
         ASSERT_NEAR(got, want, 1e-6) << "window " << w << " parameter " << i << " on rank " << rank;
         if (k.h == 1 && k.lr == 1 && k.momentum == 0) {
@@ -152,14 +132,194 @@ INSTANTIATE_TEST_SUITE_P(Cases, DilocoMpi,
                                          Case{3, 0.7, 0.9, false, 3},    // the paper's defaults
                                          Case{2, 0.7, 0.9, true, 3}));   // bf16 pseudo-gradients
 
+// ---- Streaming DiLoCo (fragments, overlapped all-reduce, merge) ----------------------------
+
+// A run's masters at the start and at the end of every step, and its losses.
+struct EveryStep {
+  std::vector<std::vector<float>> starts, ends;
+  std::vector<double> losses;
+  [[nodiscard]] ght::test::StepHook::Step hook() {
+    return [this](TrainBackend& in, std::int64_t step, double lr, DataLoader& data) {
+      starts.push_back(master_of(in));
+      StepOutcome o = in.step(step, lr, data);
+      ends.push_back(master_of(in));
+      losses.push_back(o.loss);
+      return o;
+    };
+  }
+};
+
+struct StreamCase {
+  std::int64_t h, fragments, overlap;
+  double mix;
+  bool bf16;
+  std::int64_t steps;
+};
+
+class StreamingDilocoMpi : public testing::TestWithParam<StreamCase> {
+ protected:
+  void TearDown() override { g_comm->barrier(); }  // every rank is done before rank 0 removes it
+  [[nodiscard]] TrainConfig config(const std::string& out) const {
+    const StreamCase k = GetParam();
+    TrainConfig cfg = test::tiny_cpu_run_config(dir_.root + "/data", dir_.root + "/" + out);
+    cfg.model.grad_accum = 1;
+    cfg.threads = 1;
+    cfg.steps = cfg.schedule.total_steps = k.steps;
+    cfg.diloco = {k.h, 0.7, 0.9, k.bf16};
+    cfg.diloco.fragments = k.fragments;
+    cfg.diloco.overlap_steps = k.overlap;
+    cfg.diloco.mix = k.mix;
+    return cfg;
+  }
+  ght::test::SharedRunDir dir_{*g_comm, "ght_sdiloco_mpi"};
+};
+
+// Every rank's records of one step (each fills its slot; a sum over ranks gathers them).
+std::vector<float> all_ranks(const std::vector<float>& mine) {
+  const std::size_t p = mine.size();
+  std::vector<float> all(p * static_cast<std::size_t>(g_comm->size()), 0.0f);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(p) * g_comm->rank());
+  g_comm->allreduce_sum(all.data(), all.size());
+  return all;
+}
+
+// The schedule and the arithmetic replayed here from the records, in fp32 as the trainer
+// computes them (the same bound as above: MPI may add 4 ranks in another order, a build may
+// contract to FMA): after every step the master must be what the streaming rule gives.
+TEST_P(StreamingDilocoMpi, FollowsTheReferenceAndResumesExactlyWithAFragmentInFlight) {
+  const StreamCase k = GetParam();
+  const int n = g_comm->size(), rank = g_comm->rank();
+  TrainRunOptions run;
+  run.quiet = true;
+  std::vector<std::vector<float>> starts, ends;
+  std::vector<double> losses;
+  std::vector<float> final_master;
+  std::vector<std::size_t> frag_of;  // element -> fragment
+  {
+    TrainSession s(config("run"), run, g_comm);
+    EveryStep rec;
+    ght::test::StepHook be(make_cpu_backend(s), rec.hook());
+    (void)run_training(be, s);
+    starts = rec.starts;
+    ends = rec.ends;
+    losses = rec.losses;
+    final_master = master_of(be);
+    const auto frags = diloco_fragment_tensors(be.tensors(), static_cast<int>(k.fragments));
+    std::vector<std::size_t> offset;
+    std::size_t total = 0;
+    for (const auto& t : be.tensors()) offset.push_back(std::exchange(total, total + t.numel));
+    frag_of.assign(total, 0);
+    for (std::size_t f = 0; f < frags.size(); ++f) {
+      for (std::size_t t : frags[f]) std::fill_n(frag_of.begin() + static_cast<std::ptrdiff_t>(offset[t]), be.tensors()[t].numel, f);
+    }
+  }
+  ASSERT_EQ(ends.size(), static_cast<std::size_t>(k.steps));
+  const std::size_t p = final_master.size();
+  std::vector<float> g = starts[0], buf(p, 0.0f), sum(p, 0.0f);
+  const float lr = 0.7f, mu = 0.9f, alpha = static_cast<float>(k.mix), ranks = static_cast<float>(n);
+  auto pseudo = [&](float a, float b) {
+    const float d = a - b;
+    return k.bf16 ? ght::optimizer::bf16_bits_to_float(ght::optimizer::float_to_bf16_bits(d)) : d;
+  };
+  const std::int64_t spacing = k.h / k.fragments;
+  bool pending = false;  // a fragment sent and not yet applied: `pending_frag`
+  std::size_t pending_frag = 0;
+  std::int64_t sent_at = 0;
+  double worst = 0;
+  int sends = 0;
+  for (std::int64_t t = 1; t <= k.steps; ++t) {
+    std::vector<float> local = ends[static_cast<std::size_t>(t - 1)];  // this rank after step t
+    std::optional<std::size_t> send;
+    if (t != k.steps) {
+      for (std::int64_t f = 0; f < k.fragments; ++f) {
+        if (t >= spacing * (f + 1) && (t - spacing * (f + 1)) % k.h == 0) send = static_cast<std::size_t>(f);
+      }
+    }
+    std::vector<float> everyone;  // all ranks' weights after step t, when a sum needs them
+    if (send) {
+      everyone = all_ranks(local);
+      for (std::size_t i = 0; i < p; ++i) {
+        if (frag_of[i] != *send) continue;
+        float acc = 0;
+        for (int r = 0; r < n; ++r) acc += pseudo(g[i], everyone[static_cast<std::size_t>(r) * p + i]);
+        sum[i] = acc;
+      }
+      pending = true;
+      pending_frag = *send;
+      sent_at = t;
+      ++sends;
+    }
+    if (pending && (t == sent_at + k.overlap || t == k.steps)) {
+      if (everyone.empty() && t == k.steps) everyone = all_ranks(local);
+      for (std::size_t i = 0; i < p; ++i) {
+        if (frag_of[i] != pending_frag) continue;
+        const float delta = sum[i] / ranks;
+        buf[i] = mu * buf[i] + delta;
+        g[i] -= lr * (delta + mu * buf[i]);
+        local[i] = alpha == 0 ? g[i] : alpha * local[i] + (1 - alpha) * g[i];
+        if (t == k.steps) {  // every rank's merged weights feed the closing step
+          for (int r = 0; r < n; ++r) {
+            float& x = everyone[static_cast<std::size_t>(r) * p + i];
+            x = alpha == 0 ? g[i] : alpha * x + (1 - alpha) * g[i];
+          }
+        }
+      }
+      pending = false;
+    }
+    if (t == k.steps) {  // the closing whole-model outer step
+      if (everyone.empty()) everyone = all_ranks(local);
+      for (std::size_t i = 0; i < p; ++i) {
+        float acc = 0;
+        for (int r = 0; r < n; ++r) acc += pseudo(g[i], everyone[static_cast<std::size_t>(r) * p + i]);
+        const float delta = acc / ranks;
+        buf[i] = mu * buf[i] + delta;
+        g[i] -= lr * (delta + mu * buf[i]);
+        local[i] = g[i];
+      }
+    }
+    const std::vector<float>& got = t < k.steps ? starts[static_cast<std::size_t>(t)] : final_master;
+    for (std::size_t i = 0; i < p; ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(got[i] - local[i])));
+      ASSERT_NEAR(got[i], local[i], 1e-6) << "after step " << t << ", parameter " << i << " (fragment " << frag_of[i]
+                                          << ") on rank " << rank;
+    }
+  }
+  EXPECT_GE(sends, static_cast<int>(k.fragments));  // every fragment went at least once
+
+  // Stopped right after a fragment was sent (its all-reduce in flight), then resumed: the same run.
+  const std::int64_t stop = spacing + (k.overlap > 0 ? 0 : 1);
+  {
+    TrainRunOptions part = run;
+    part.stop_at = stop;
+    TrainSession s(config("part"), part, g_comm);
+    EveryStep rec;
+    ght::test::StepHook be(make_cpu_backend(s), rec.hook());
+    (void)run_training(be, s);
+  }
+  TrainRunOptions resume = run;
+  resume.resume = "auto";
+  TrainSession s(config("part"), resume, g_comm);
+  EveryStep rec;
+  ght::test::StepHook be(make_cpu_backend(s), rec.hook());
+  (void)run_training(be, s);
+  ASSERT_EQ(rec.losses.size(), static_cast<std::size_t>(k.steps - stop));
+  for (std::size_t j = 0; j < rec.losses.size(); ++j) {
+    EXPECT_EQ(rec.losses[j], losses[static_cast<std::size_t>(stop) + j]) << "step " << stop + 1 + static_cast<std::int64_t>(j);
+  }
+  EXPECT_EQ(master_of(be), final_master) << "final weights after the resume";
+  if (rank == 0) {
+    std::printf("%d ranks, H=%lld, %lld fragments, overlap %lld, mix %g%s: %d fragment syncs + the closing step, "
+                "worst |θ - reference| %.1e; resumed after step %lld (a fragment in flight: %s): bit-identical\n",
+                n, static_cast<long long>(k.h), static_cast<long long>(k.fragments), static_cast<long long>(k.overlap),
+                k.mix, k.bf16 ? ", bf16" : "", sends, worst, static_cast<long long>(stop), k.overlap > 0 ? "yes" : "no");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StreamingDilocoMpi,
+                         testing::Values(StreamCase{4, 2, 1, 0.0, false, 9},   // replace after one overlapped step
+                                         StreamCase{6, 3, 1, 0.5, false, 11},  // strided thirds, mixed half
+                                         StreamCase{4, 2, 0, 0.0, true, 7}));  // no overlap, bf16 pseudo-gradients
+
 }  // namespace
 
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  g_comm = ght::dist::make_communicator(ght::dist::detect_launch(ght::dist::process_env()));
-  const int rc = RUN_ALL_TESTS();
-  int flag = rc, any = 0;
-  MPI_Allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  g_comm.reset();  // MPI_Finalize
-  return any;
-}
+int main(int argc, char** argv) { return ght::test::run_mpi_tests(argc, argv, g_comm); }

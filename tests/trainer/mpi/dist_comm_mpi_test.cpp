@@ -10,6 +10,7 @@
 
 #include "tier/error.hpp"
 #include "trainer/dist/comm.hpp"
+#include "trainer/dist/detail/comm_mpi.hpp"
 #include "trainer/dist/gpu_comm.hpp"
 #include "trainer/dist/launch.hpp"
 
@@ -46,6 +47,50 @@ TEST(DistCommMpi, AllreduceSumFloatAndDouble) {
     }
   }
 }
+
+// Blocks of uneven sizes, one empty, through one MPI call each (the default) and in pieces of 7
+// elements (the path of buffers beyond MPI's int counts).
+class DistCommMpiBlocks : public testing::TestWithParam<std::size_t> {};
+
+TEST_P(DistCommMpiBlocks, ReduceScatterSumAndAllGatherInPlace) {
+  const int n = g_comm->size(), me = g_comm->rank();
+  std::unique_ptr<Communicator> pieces;
+  if (GetParam() != 0) {
+    pieces = ght::dist::detail::make_mpi_communicator(detect_launch(process_env()), std::chrono::seconds(60), GetParam());
+  }
+  Communicator& c = pieces ? *pieces : *g_comm;
+  for (const std::vector<std::size_t>& counts :
+       {std::vector<std::size_t>{1000, 37}, std::vector<std::size_t>{0, 1029}, std::vector<std::size_t>{16, 0}}) {
+    ASSERT_EQ(counts.size(), static_cast<std::size_t>(n));
+    std::size_t total = 0, at = 0;
+    for (std::size_t k : counts) total += k;
+    for (int r = 0; r < me; ++r) at += counts[static_cast<std::size_t>(r)];
+    std::vector<float> f(total);
+    std::vector<double> d(total);
+    for (std::size_t i = 0; i < total; ++i) f[i] = value(me, i), d[i] = 3.0 * value(me, i);
+    c.reduce_scatter_sum(f.data(), counts);
+    for (std::size_t i = at; i < at + counts[static_cast<std::size_t>(me)]; ++i) {
+      float want = 0;
+      for (int r = 0; r < n; ++r) want += value(r, i);
+      ASSERT_EQ(f[i], want) << "reduce_scatter_sum, index " << i;  // two addends: exact in any order
+    }
+    // Every rank's block holds its rank-specific values; the gather puts all of them everywhere.
+    for (std::size_t i = at; i < at + counts[static_cast<std::size_t>(me)]; ++i) f[i] = value(me, i), d[i] = -value(me, i);
+    c.all_gather(f.data(), counts);
+    c.all_gather(d.data(), counts);
+    std::size_t from = 0;
+    for (int r = 0; r < n; ++r) {
+      for (std::size_t i = from; i < from + counts[static_cast<std::size_t>(r)]; ++i) {
+        ASSERT_EQ(f[i], value(r, i)) << "all_gather (float), index " << i;
+        ASSERT_EQ(d[i], -static_cast<double>(value(r, i))) << "all_gather (double), index " << i;
+      }
+      from += counts[static_cast<std::size_t>(r)];
+    }
+  }
+  EXPECT_THROW(c.all_gather(static_cast<float*>(nullptr), std::vector<std::size_t>{1}), ght::logic_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Calls, DistCommMpiBlocks, testing::Values(std::size_t{0}, std::size_t{7}));
 
 TEST(DistCommMpi, BroadcastFromEachRoot) {
   for (int root = 0; root < g_comm->size(); ++root) {

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tier/error.hpp"
 #include "trainer/dist/detail/comm_mpi.hpp"
@@ -13,6 +15,18 @@
 namespace ght::dist::detail {
 
 namespace {
+
+MPI_Datatype mpi_type(Communicator::Type t) { return t == Communicator::Type::f32 ? MPI_FLOAT : MPI_DOUBLE; }
+std::size_t elem_size(Communicator::Type t) { return t == Communicator::Type::f32 ? sizeof(float) : sizeof(double); }
+const char* what(Communicator::Type t) { return t == Communicator::Type::f32 ? " floats" : " doubles"; }
+void* at_elem(void* x, std::size_t i, Communicator::Type t) { return static_cast<char*>(x) + i * elem_size(t); }
+
+// Block offsets in rank order; the last entry is the total.
+std::vector<std::size_t> displacements(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> d(counts.size() + 1, 0);
+  for (std::size_t r = 0; r < counts.size(); ++r) d[r + 1] = d[r] + counts[r];
+  return d;
+}
 
 std::string mpi_error_text(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -23,12 +37,14 @@ std::string mpi_error_text(int code) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(int rank, int size, std::chrono::duration<double> timeout) : Communicator(rank, size, timeout) {}
+  MpiCommunicator(int rank, int size, std::chrono::duration<double> timeout, std::size_t max_elems, bool owns_mpi)
+      : Communicator(rank, size, timeout), max_elems_(max_elems), owns_mpi_(owns_mpi) {}
 
   ~MpiCommunicator() override {
     // After a failed collective a request is still pending, and while an exception unwinds the
     // other ranks may be inside a collective: MPI_Finalize could block in either case. Exiting
-    // without it makes mpirun end the job.
+    // without it makes mpirun end the job. Only the communicator that initialised MPI ends it.
+    if (!owns_mpi_) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!failed_ && std::uncaught_exceptions() == 0 && finalized == 0) MPI_Finalize();
@@ -38,19 +54,102 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void do_allreduce_sum(void* x, std::size_t n, Type t) override {
-    const char* what = t == Type::f32 ? " floats" : " doubles";
-    const std::size_t elem = t == Type::f32 ? sizeof(float) : sizeof(double);
-    const std::string op = "allreduce_sum of " + std::to_string(n) + what;
+    const std::string op = "allreduce_sum of " + std::to_string(n) + what(t);
     // MPI counts are int: larger buffers go in pieces.
-    constexpr std::size_t kPiece = std::size_t{1} << 30;
-    for (std::size_t at = 0; at < n; at += kPiece) {
+    for (std::size_t at = 0; at < n; at += max_elems_) {
       MPI_Request req = MPI_REQUEST_NULL;
-      const std::size_t len = std::min(kPiece, n - at);
-      check(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(x) + at * elem, count(len, op),
-                           t == Type::f32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req),
+      const std::size_t len = std::min(max_elems_, n - at);
+      check(MPI_Iallreduce(MPI_IN_PLACE, at_elem(x, at, t), count(len, op), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req),
             op);
       wait(req, op, -1);
     }
+  }
+
+  // One MPI_Ireduce_scatter when every count fits one call, else a reduce to each block's rank
+  // in pieces (MPI-3 counts and displacements are int).
+  void do_reduce_scatter_sum(void* x, std::span<const std::size_t> counts, Type t) override {
+    const std::vector<std::size_t> displ = displacements(counts);
+    const std::size_t total = displ.back();
+    const std::string op = "reduce_scatter_sum of " + std::to_string(total) + what(t) + " in " +
+                           std::to_string(counts.size()) + " blocks";
+    const auto me = static_cast<std::size_t>(rank());
+    if (total <= max_elems_) {
+      std::vector<int> recv(counts.size());
+      for (std::size_t r = 0; r < counts.size(); ++r) recv[r] = count(counts[r], op);
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, recv.data(), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req), op);
+      wait(req, op, -1);
+      // In place, MPI leaves this rank's block at the start of the buffer.
+      if (displ[me] > 0 && counts[me] > 0) {
+        std::memmove(at_elem(x, displ[me], t), x, counts[me] * elem_size(t));
+      }
+      return;
+    }
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      for (std::size_t at = 0; at < counts[r]; at += max_elems_) {
+        const std::size_t len = std::min(max_elems_, counts[r] - at);
+        void* p = at_elem(x, displ[r] + at, t);
+        MPI_Request req = MPI_REQUEST_NULL;
+        check(MPI_Ireduce(r == me ? MPI_IN_PLACE : p, r == me ? p : nullptr, count(len, op), mpi_type(t), MPI_SUM,
+                          static_cast<int>(r), MPI_COMM_WORLD, &req),
+              op);
+        wait(req, op, static_cast<int>(r));
+      }
+    }
+  }
+
+  // One MPI_Iallgatherv in place when the blocks fit one call, else a broadcast from each
+  // block's rank in pieces.
+  void do_all_gather(void* x, std::span<const std::size_t> counts, Type t) override {
+    const std::vector<std::size_t> displ = displacements(counts);
+    const std::size_t total = displ.back();
+    const std::string op = "all_gather of " + std::to_string(total) + what(t) + " in " +
+                           std::to_string(counts.size()) + " blocks";
+    if (total <= max_elems_) {
+      std::vector<int> recv(counts.size()), at(counts.size());
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        recv[r] = count(counts[r], op);
+        at[r] = count(displ[r], op);
+      }
+      MPI_Request req = MPI_REQUEST_NULL;
+      check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x, recv.data(), at.data(), mpi_type(t), MPI_COMM_WORLD,
+                            &req),
+            op);
+      wait(req, op, -1);
+      return;
+    }
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      for (std::size_t a = 0; a < counts[r]; a += max_elems_) {
+        const std::size_t len = std::min(max_elems_, counts[r] - a);
+        MPI_Request req = MPI_REQUEST_NULL;
+        check(MPI_Ibcast(at_elem(x, displ[r] + a, t), count(len, op), mpi_type(t), static_cast<int>(r), MPI_COMM_WORLD,
+                         &req),
+              op);
+        wait(req, op, static_cast<int>(r));
+      }
+    }
+  }
+
+  // In pieces of max_elems_, all started at once; waited for together.
+  void do_start_allreduce_sum(float* x, std::size_t n) override {
+    started_op_ = "background allreduce_sum of " + std::to_string(n) + " floats";
+    for (std::size_t at = 0; at < n; at += max_elems_) {
+      MPI_Request& req = started_.emplace_back(MPI_REQUEST_NULL);
+      const std::size_t len = std::min(max_elems_, n - at);
+      check(MPI_Iallreduce(MPI_IN_PLACE, x + at, count(len, started_op_), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
+            started_op_);
+    }
+  }
+
+  bool do_test_allreduce() override {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(started_.size()), started_.data(), &done, MPI_STATUSES_IGNORE), started_op_);
+    return done != 0;
+  }
+
+  void do_wait_allreduce() override {
+    for (MPI_Request& req : started_) wait(req, started_op_, -1);
+    started_.clear();
   }
 
   void do_broadcast(void* data, std::size_t bytes, int root) override {
@@ -110,12 +209,19 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
+  std::size_t max_elems_;  // elements per MPI call
+  std::vector<MPI_Request> started_;  // the background all-reduce's pieces
+  std::string started_op_;
+  bool owns_mpi_;          // this one initialised MPI: it finalises it
   bool failed_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(const Launch& l, std::chrono::duration<double> timeout) {
+std::unique_ptr<Communicator> make_mpi_communicator(const Launch& l, std::chrono::duration<double> timeout,
+                                                    std::size_t max_elems_per_call) {
+  GHT_EXPECTS(max_elems_per_call >= 1 && max_elems_per_call <= static_cast<std::size_t>(INT32_MAX),
+              "make_mpi_communicator: elements per call must be in [1, 2^31-1]");
   int inited = 0;
   MPI_Initialized(&inited);
   if (inited == 0) {
@@ -134,7 +240,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(const Launch& l, std::chrono
                      ", but the environment says " + l.describe() +
                      " (was the program started by something other than the launcher whose variables are set?)");
   }
-  return std::make_unique<MpiCommunicator>(rank, size, timeout);
+  return std::make_unique<MpiCommunicator>(rank, size, timeout, max_elems_per_call, inited == 0);
 }
 
 }  // namespace ght::dist::detail
