@@ -162,9 +162,19 @@ TEST(GpuComm, OneRankCollectivesMatchTheCpu) {
   g->wait(s.s);  // nothing pending: returns at once
 }
 
-// A kernel that spins until the host sets *flag: the stream's work never finishes by itself.
-__global__ void spin_until(const volatile int* flag) {
-  while (*flag == 0) __nanosleep(1000);
+__device__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A kernel that spins until the host sets *flag, or for at most max_ns: the stream's work does
+// not finish within the communicator's deadline. The bound matters: ncclCommAbort ends NCCL's
+// own kernels, not this one, and the abort's device synchronisation (it frees device memory)
+// waits for it, while the host sets the flag only after wait() has returned.
+__global__ void spin_until(const volatile int* flag, unsigned long long max_ns) {
+  const unsigned long long t0 = global_ns();
+  while (*flag == 0 && global_ns() - t0 < max_ns) __nanosleep(1000);
 }
 
 TEST(GpuComm, WaitPastTheDeadlineThrowsAndAborts) {
@@ -181,7 +191,7 @@ TEST(GpuComm, WaitPastTheDeadlineThrowsAndAborts) {
   int* dflag = nullptr;
   GHT_CUDA_TRY(cudaHostGetDevicePointer(&dflag, flag, 0));
   g->wait(s.s);  // the completed allreduce: returns normally
-  spin_until<<<1, 1, 0, s.s>>>(dflag);
+  spin_until<<<1, 1, 0, s.s>>>(dflag, 8'000'000'000ull);  // 8 s against the 1 s deadline
   GHT_CUDA_TRY(cudaGetLastError());
   std::string msg;
   bool timed_out = false;

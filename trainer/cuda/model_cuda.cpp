@@ -19,6 +19,7 @@
 #include "kernels/cuda/qk_norm_rope.hpp"
 #include "kernels/cuda/rmsnorm.hpp"
 #include "kernels/cuda/router.hpp"
+#include "kernels/cuda/sm_copy.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "optimizer/bf16.hpp"
 #include "tier/config.hpp"
@@ -228,7 +229,17 @@ struct CudaMoEModel::Impl {
   std::size_t slot_bytes = 0;
   char* slot_dev = nullptr;
   alloc::unique_block slot_host;  // host (pinned on PCIe): loss read-back
+  char* slot_host_dev = nullptr;  // its GPU-mapped alias (sm copies); null: copy engines
   cudaEvent_t slot_event[kCudaLossSlots] = {};
+  // sm copies: the host ring the micro-batches' tokens and targets go up from, kInputSlots
+  // slots of (tokens, targets) for cap_tokens tokens each; a slot is rewritten once the copy
+  // that read it last has run (in_event).
+  static constexpr int kInputSlots = 8;
+  bool sm_copies = false;
+  alloc::unique_block in_host;
+  char* in_host_dev = nullptr;
+  cudaEvent_t in_event[kInputSlots] = {};
+  int in_next = 0;
 
   int B = 0, T = 0;
   bool has_forward = false;
@@ -246,7 +257,12 @@ struct CudaMoEModel::Impl {
       if (e != nullptr) (void)cudaEventDestroy(e);
       e = nullptr;
     }
+    for (cudaEvent_t& e : in_event) {
+      if (e != nullptr) (void)cudaEventDestroy(e);
+      e = nullptr;
+    }
     slot_host.reset();
+    in_host.reset();
     if (stream != nullptr) (void)cudaStreamDestroy(stream);
     stream = nullptr;
   }
@@ -376,6 +392,14 @@ struct CudaMoEModel::Impl {
     slot_host = alloc::unique_block(*allocator, slot_bytes * kCudaLossSlots,
                                     {TensorClass::other, "model.loss_slots_host", TierKind::host, false});
     for (cudaEvent_t& e : slot_event) GHT_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : in_event) GHT_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    slot_host_dev = static_cast<char*>(kc::mapped_device_pointer(slot_host.get()));
+    using IC = CudaModelOptions::InputCopy;
+    if (opts.input_copy == IC::sm) {
+      GHT_EXPECTS(slot_host_dev != nullptr,
+                  "GHT_INPUT_COPY=sm: the host tier's memory is not GPU-mapped here (pageable over PCIe); use auto or engine");
+    }
+    sm_copies = opts.input_copy != IC::engine && slot_host_dev != nullptr;
     scratch_losses = as<kc::RouterLossesDevice>(
         alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));
     GHT_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -439,6 +463,13 @@ struct CudaMoEModel::Impl {
     tokens = i32(nn, "tokens");
     targets = i32(nn, "targets");
     pos = i32(nn, "positions");
+    if (sm_copies) {
+      for (cudaEvent_t e : in_event) GHT_CUDA_TRY(cudaEventSynchronize(e));  // the old ring is read no more
+      in_host = alloc::unique_block(*allocator, static_cast<std::size_t>(kInputSlots) * 2 * nn * 4,
+                                    {TensorClass::other, "model.input_ring_host", TierKind::host, false});
+      in_host_dev = static_cast<char*>(kc::mapped_device_pointer(in_host.get()));
+      GHT_EXPECTS(in_host_dev != nullptr, "model: the host input ring is not GPU-mapped (set GHT_INPUT_COPY=engine)");
+    }
     if (opts.ce_chunk_rows > 0) {
       ce_chunk = opts.ce_chunk_rows;
     } else {
@@ -471,10 +502,24 @@ struct CudaMoEModel::Impl {
     op("allocate activations");
     ensure_capacity(N);
     op("upload tokens");
-    // Pageable sources: cudaMemcpyAsync stages them before returning, so callers may reuse them.
-    GHT_CUDA_TRY(cudaMemcpyAsync(tokens, tok, static_cast<std::size_t>(N) * 4, cudaMemcpyHostToDevice, stream));
-    if (tgt != nullptr) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(targets, tgt, static_cast<std::size_t>(N) * 4, cudaMemcpyHostToDevice, stream));
+    const auto bytes = static_cast<std::size_t>(N) * 4;
+    if (sm_copies) {
+      // Into the next ring slot (once the copy that read it last has run), then up by a kernel.
+      const int slot = in_next;
+      in_next = (in_next + 1) % kInputSlots;
+      GHT_CUDA_TRY(cudaEventSynchronize(in_event[slot]));
+      const std::size_t off = static_cast<std::size_t>(slot) * 2 * static_cast<std::size_t>(cap_tokens) * 4;
+      std::memcpy(in_host.as<char>() + off, tok, bytes);
+      kc::sm_copy(tokens, in_host_dev + off, bytes, stream);
+      if (tgt != nullptr) {
+        std::memcpy(in_host.as<char>() + off + bytes, tgt, bytes);
+        kc::sm_copy(targets, in_host_dev + off + bytes, bytes, stream);
+      }
+      GHT_CUDA_TRY(cudaEventRecord(in_event[slot], stream));
+    } else {
+      // Pageable sources: cudaMemcpyAsync stages them before returning, so callers may reuse them.
+      GHT_CUDA_TRY(cudaMemcpyAsync(tokens, tok, bytes, cudaMemcpyHostToDevice, stream));
+      if (tgt != nullptr) GHT_CUDA_TRY(cudaMemcpyAsync(targets, tgt, bytes, cudaMemcpyHostToDevice, stream));
     }
     kc::make_positions(pos, nullptr, B_, T_, stream);
     B = B_;
@@ -791,7 +836,11 @@ struct CudaMoEModel::Impl {
                              static_cast<int>(V), kIgnoreIndex, ce_chunk, ce_ws, ce_ws_bytes, stream);
     }
     op("loss copy");
-    GHT_CUDA_TRY(cudaMemcpyAsync(slot_h(slot), sd, slot_bytes, cudaMemcpyDeviceToHost, stream));
+    if (sm_copies) {
+      kc::sm_copy(slot_host_dev + static_cast<std::size_t>(slot) * slot_bytes, sd, slot_bytes, stream);
+    } else {
+      GHT_CUDA_TRY(cudaMemcpyAsync(slot_h(slot), sd, slot_bytes, cudaMemcpyDeviceToHost, stream));
+    }
     GHT_CUDA_TRY(cudaEventRecord(slot_event[slot], stream));
     has_forward = true;
   }

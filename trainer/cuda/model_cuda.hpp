@@ -67,6 +67,12 @@ struct CudaModelOptions {
   std::vector<bool> recompute;
   /// Synchronise after every op so that an asynchronous kernel fault names its op (slow).
   bool sync_each_op = false;
+  /// How each micro-batch's tokens and targets go up and its loss slot comes back
+  /// (GHT_INPUT_COPY): `sm` copies through a pinned, GPU-mapped host ring with a small kernel
+  /// (kernels/cuda/sm_copy.hpp), so these transfers never queue behind the optimizer's DMA copies
+  /// in the copy engines; `engine` uses cudaMemcpyAsync; `automatic` is sm where the host
+  /// buffers are GPU-mapped.
+  enum class InputCopy { automatic, sm, engine } input_copy = InputCopy::automatic;
 };
 
 /// Device bytes the model holds, by class.

@@ -67,6 +67,17 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
   auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
   options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
   options.budgets.host = planned(a.report(TierKind::host).budget);
+  // An explicit optimizer path decides where the state lives (AdamW places it there whatever
+  // the plan says): the plan then places it there too, so that what it predicts is what runs.
+  if (options.place.empty()) {
+    switch (optimizer::path_choice_from_config()) {
+      case optimizer::PathChoice::gpu_link:
+      case optimizer::PathChoice::cpu: options.place = "master=host,adam_*=host"; break;
+      case optimizer::PathChoice::device: options.place = "master=hbm,adam_*=hbm"; break;
+      case optimizer::PathChoice::automatic:
+      case optimizer::PathChoice::split: break;  // the plan places the state; split divides the host part
+    }
+  }
   add_trainer_reservations(options, mc);
   return tier::make_plan(model_regions(mc), options);
 }
@@ -372,6 +383,10 @@ void CudaRun::setup() {
   mo.attention_impl = att == "cudnn"      ? kernels::cuda::AttentionImpl::cudnn
                       : att == "fallback" ? kernels::cuda::AttentionImpl::fallback
                                           : kernels::cuda::AttentionImpl::automatic;
+  const std::string in_copy = config::cfg().get_string(config::Key::GHT_INPUT_COPY);
+  mo.input_copy = in_copy == "sm"       ? CudaModelOptions::InputCopy::sm
+                  : in_copy == "engine" ? CudaModelOptions::InputCopy::engine
+                                        : CudaModelOptions::InputCopy::automatic;
   const std::string gemm = config::cfg().get_string(config::Key::GHT_EXPERT_GEMM);
   if (gemm == "cutlass" && !kernels::cuda::cutlass_available()) {
     throw config_error("GHT_EXPERT_GEMM=cutlass: this build has no CUTLASS (CMake did not find it; "
@@ -443,15 +458,17 @@ void CudaRun::setup() {
 
   // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
   std::size_t by_path[3] = {0, 0, 0};
+  const auto state_bytes_per_param = static_cast<double>(4 + 2 * optimizer::state_type_size(opt_->state_type()));
   for (std::size_t r = 0; r < ts.size(); ++r) {
     const auto n = static_cast<double>(ts[r].numel);
     const optimizer::Path p = opt_->path(r);
     by_path[static_cast<int>(p)] += ts[r].numel;
     if (p == optimizer::Path::gpu_link) {
-      // Host master, m and v read and written once (12 B each way); a host gradient is read too.
-      // (A region whose state the plan split between tiers is counted as all-host: an upper bound.)
-      link_h2d_per_step_ += 12 * n + (stream_grads_ ? 4 * n : 0);
-      link_d2h_per_step_ += 12 * n;
+      // Host master, m and v read and written once (4 + 2·moment bytes each way: 12, or 8 with
+      // bf16 m and v); a host gradient is read too. (A region whose state the plan split between
+      // tiers is counted as all-host: an upper bound.)
+      link_h2d_per_step_ += state_bytes_per_param * n + (stream_grads_ ? 4 * n : 0);
+      link_d2h_per_step_ += state_bytes_per_param * n;
     } else if (p == optimizer::Path::cpu) {
       link_d2h_per_step_ += stream_grads_ ? 0 : 4 * n;  // fp32 gradient down
       link_h2d_per_step_ += 2 * n;                       // bf16 weight up
@@ -1002,12 +1019,12 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
     const tier::Prediction& pr = plan_->prediction();
     const alloc::Usage hbm = alloc_->tier_usage(TierKind::hbm), host = alloc_->tier_usage(TierKind::host);
     auto ratio = [](std::uint64_t a, std::uint64_t b) {
-      return fmt("%.3f", static_cast<double>(a) / std::max(1.0, static_cast<double>(b)));
+      return b == 0 ? std::string("none planned") : fmt("%.3fx", static_cast<double>(a) / static_cast<double>(b));
     };
     log.print("memory after the first step: HBM peak " + config::format_bytes(hbm.peak) + " (plan " +
-              config::format_bytes(pr.hbm_bytes) + ", " + ratio(hbm.peak, pr.hbm_bytes) + "x), host peak " +
+              config::format_bytes(pr.hbm_bytes) + ", " + ratio(hbm.peak, pr.hbm_bytes) + "), host peak " +
               config::format_bytes(host.peak) + " (plan " + config::format_bytes(pr.host_bytes) + ", " +
-              ratio(host.peak, pr.host_bytes) + "x), " + std::to_string(alloc_->spill_count()) + " spills");
+              ratio(host.peak, pr.host_bytes) + "), " + std::to_string(alloc_->spill_count()) + " spills");
   }
   nlohmann::ordered_json pj = p.json();
   pj["type"] = "profile";
