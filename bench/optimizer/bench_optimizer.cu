@@ -217,20 +217,20 @@ struct Setup {
 };
 
 /// The update phase alone (norm and decision outside the timed region), then the whole step.
-void time_update_and_step(const Args& args, Setup& s, Row& update, Row& step) {
+void time_update_and_step(const Args& args, optimizer::AdamW& opt, Stats& update, Stats& step) {
   std::vector<double> samples;
   for (int i = -1; i < args.runs; ++i) {
-    (void)s.opt->begin_step(1e-4);
+    (void)opt.begin_step(1e-4);
     const auto t0 = std::chrono::steady_clock::now();
-    s.opt->update_region(0);
-    s.opt->synchronize();
+    opt.update_all();
+    opt.synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= 0) samples.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
-  update.seconds = summarize(samples);
-  step.seconds = time_runs(args.runs, [&] {
-    (void)s.opt->step(1e-4);
-    s.opt->synchronize();
+  update = summarize(samples);
+  step = time_runs(args.runs, [&] {
+    (void)opt.step(1e-4);
+    opt.synchronize();
   });
 }
 
@@ -292,20 +292,7 @@ void run_split(const Args& args, Report& report, const tier::LinkNumbers& link_m
     Point p;
     p.share = share;
     p.achieved = static_cast<double>(s.cpu_params) / static_cast<double>(n);
-    std::vector<double> up;
-    for (int i = -1; i < args.runs; ++i) {
-      (void)s.opt->begin_step(1e-4);
-      const auto t0 = std::chrono::steady_clock::now();
-      s.opt->update_all();
-      s.opt->synchronize();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (i >= 0) up.push_back(std::chrono::duration<double>(t1 - t0).count());
-    }
-    p.update = summarize(up);
-    p.step = time_runs(args.runs, [&] {
-      (void)s.opt->step(1e-4);
-      s.opt->synchronize();
-    });
+    time_update_and_step(args, *s.opt, p.update, p.step);
     std::cout << "split " << human_params(n) << " at CPU share " << fmt(share, 3) << " (reached "
               << fmt(p.achieved, 3) << "): update " << fmt(1e3 * p.update.median, 1) << " ms, "
               << fmt(static_cast<double>(n) / p.update.median / 1e9) << " Gparam/s\n";
@@ -404,7 +391,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = link_basis;
         r->torch_key = "torch_fused_cuda";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
@@ -446,7 +433,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = hbm_basis;
         r->torch_key = "torch_fused_cuda";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "device " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s\n";
@@ -464,7 +451,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
         r->torch_key = "torch_foreach_cpu";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "cpu (staged) " << human_params(n) << ": " << fmt(up.gparams())

@@ -9,9 +9,10 @@
 # Usage: bench/trainer/offload_profile.sh GHT_BIN OUT_DIR NAME MODES [ght train -o overrides...]
 #   MODES: comma list of hbm, dma, zero_copy, cpu, delay (dma with GHT_OPT_DELAY=1),
 #          split (GHT_OPTIMIZER=split over dma at the cost model's CPU share), split@F (at CPU
-#          share F, GHT_OPT_CPU_SHARE=F); any of them +spec: cpu-path updates start during the
+#          share F, GHT_OPT_CPU_SHARE=F); suffixes: +spec: cpu-path updates start during the
 #          last backward (GHT_OPT_SPECULATE_HOST=$OFFLOAD_SPEC_HOST, default 16GiB; pass
-#          -o optimizer.max_grad_norm=0 so that no clipped step turns it off)
+#          -o optimizer.max_grad_norm=0 so that no clipped step turns it off); +delay:
+#          GHT_OPT_DELAY=1 (split+delay)
 #   e.g.   bench/trainer/offload_profile.sh build-gpu/bin/ght $OUT bench64 hbm,dma -o model.grad_accum=64
 #          bench/trainer/offload_profile.sh build-gpu/bin/ght $OUT q24b dma,split,split@0.15,split+spec $Q
 # Writes OUT_DIR/offload_NAME_MODE.{log,profile.json,kernel_breakdown.md,kernel_breakdown.json}
@@ -37,15 +38,21 @@ for mode in ${MODES//,/ }; do
     zero_copy) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=zero_copy) ;;
     cpu) env=(GHT_OPTIMIZER=cpu) ;;
     delay) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma GHT_OPT_DELAY=1) ;;
-    split) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma) ;;
-    split@*) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_OPT_CPU_SHARE=${kind#split@}") ;;
+    # split follows the plan's placement (like auto): the rules put all the state on the host.
+    split) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host") ;;
+    split@*) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host"
+                  "GHT_OPT_CPU_SHARE=${kind#split@}") ;;
     *) echo "offload_profile: unknown mode '$mode' (hbm, dma, zero_copy, cpu, delay, split, split@F; +spec)"; rc=1; continue ;;
   esac
-  case ${mode#"$kind"} in
-    "") ;;
-    +spec) env+=("GHT_OPT_SPECULATE_HOST=${OFFLOAD_SPEC_HOST:-16GiB}") ;;
-    *) echo "offload_profile: unknown suffix in '$mode' (+spec)"; rc=1; continue ;;
-  esac
+  bad=0
+  for suffix in $(echo "${mode#"$kind"}" | tr '+' ' '); do
+    case $suffix in
+      spec) env+=("GHT_OPT_SPECULATE_HOST=${OFFLOAD_SPEC_HOST:-16GiB}") ;;
+      delay) env+=(GHT_OPT_DELAY=1) ;;
+      *) echo "offload_profile: unknown suffix '+$suffix' in '$mode' (+spec, +delay)"; bad=1 ;;
+    esac
+  done
+  [ $bad = 0 ] || { rc=1; continue; }
   tag=${mode//@/_}
   tag=${tag//+/_}
   run=build-gpu/train-runs/offload-$NAME-$tag

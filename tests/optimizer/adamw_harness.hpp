@@ -416,6 +416,39 @@ inline void make_special(const Case& c, Outcome o, std::vector<std::vector<unsig
   }
 }
 
+/// A run of six steps with the two special outcomes in it; runs that resume do so before step 4.
+inline constexpr Outcome kSixSteps[6] = {Outcome::kept, Outcome::clipped, Outcome::kept,
+                                        Outcome::nonfinite, Outcome::kept, Outcome::kept};
+inline constexpr int kResumeBeforeStep = 4;
+
+/// What a checkpoint and a resume do: `from`'s master, m, v, bf16 weights and step count into
+/// `to` (a fresh optimizer over the same regions; weights in `wmem`).
+inline void resume_into(const AdamW& from, const Buffers& bf, AdamW& to, Buffers& bt, Mem& wmem) {
+  for (std::size_t r = 0; r < from.num_regions(); ++r) {
+    const std::size_t n = from.region(r).n;
+    std::vector<float> p(n), m(n), v(n);
+    std::vector<std::uint16_t> w(n);
+    from.save_state(r, p.data(), m.data(), v.data());
+    to.load_state(r, p.data(), m.data(), v.data());
+    wmem.download(w.data(), bf.weights[r], n * sizeof(bf16));
+    wmem.upload(bt.weights[r], w.data(), n * sizeof(bf16));
+  }
+  to.set_step_count(from.step_count());
+}
+
+/// Two steps that must have decided alike (taken, step count, clip), and the outcome they had.
+inline void expect_same_decision(const StepResult& a, const StepResult& b, Outcome o, int s) {
+  EXPECT_EQ(a.taken, b.taken) << "step " << s;
+  EXPECT_EQ(a.step, b.step) << "step " << s;
+  EXPECT_EQ(a.clip_coef, b.clip_coef) << "step " << s;
+  if (o == Outcome::clipped) {
+    EXPECT_LT(a.clip_coef, 0.5) << "step " << s;
+  }
+  if (o == Outcome::nonfinite) {
+    EXPECT_FALSE(a.taken) << "step " << s;
+  }
+}
+
 /**
  * Two optimizers from the same seed: one steps normally (`plain`), the other (`spec`, with its
  * undo arena) speculates every region, last first as backward finishes them, before begin_step.
