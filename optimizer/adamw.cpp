@@ -653,7 +653,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
                            " needs a GPU, and none is available");
   }
   if (!opts.path && !opts.cpu_share && choice != PathChoice::split &&
-      reg.source(config::Key::GHT_OPT_CPU_SHARE) != config::Source::Default) {
+      reg.get_float(config::Key::GHT_OPT_CPU_SHARE) != -1) {  // a forced share: only the split has one
     throw config_error("GHT_OPT_CPU_SHARE=" + reg.text(config::Key::GHT_OPT_CPU_SHARE) +
                        " applies only with GHT_OPTIMIZER=split (it is " + std::string(to_string(choice)) + ")");
   }
@@ -1015,9 +1015,8 @@ Speculation AdamW::speculate_region(std::size_t r, double lr, CUstream_st* produ
                                                    "'): lr differs from this step's earlier speculation");
   if (rs.speculated || rs.path == Path::device) return Speculation::ineligible;
   if (rs.path == Path::cpu) {
-    // The worker reads gradients in HBM after the producer's event, or host gradients (no GPU)
-    // as they are; host gradients next to a GPU may still be in flight: not speculated.
-    if (I.gpu && !rs.grad_on_device) return Speculation::ineligible;
+    // Gradients in HBM come down after the producer's event; host gradients are read once the
+    // host has seen that event complete.
     if (I.spec_host_cap == 0 || I.spec_host_used + I.region_spec_bytes(rs) > I.spec_host_cap) {
       return Speculation::no_room;
     }

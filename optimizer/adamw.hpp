@@ -40,7 +40,7 @@
  * when the norm is NaN or Inf nothing is written (master, m, v, weights and the step count keep
  * every byte) and OptimizerStats::steps_skipped_nonfinite is incremented.
  *
- * Speculation (host state, gradients in HBM): speculate_region() updates a region as soon as its
+ * Speculation (host state): speculate_region() updates a region as soon as its
  * gradients are final, before the global norm is known, assuming clip coefficient 1 and finite
  * gradients. It first saves the chunk's master, m, v and bf16 weight: gpu_link regions into an
  * HBM undo arena (GHT_OPT_SPECULATE bytes), cpu regions into a host undo arena
@@ -150,8 +150,8 @@ struct AdamWOptions {
 /// What speculate_region did.
 enum class Speculation {
   done,        ///< launched; begin_step validates it
-  ineligible,  ///< this region cannot be speculated (device path, gradients not in HBM while a
-               ///< GPU exists, gpu_link without a GPU, already speculated in this step)
+  ineligible,  ///< this region cannot be speculated (device path; gpu_link without a GPU or with
+               ///< gradients in host memory; already speculated in this step)
   no_room,     ///< its path's undo arena cannot hold this region (or that arena is off)
 };
 

@@ -139,9 +139,6 @@ void AdamW::Impl::enqueue_cpu(CpuJob job) {
   const std::size_t r = job.region;
   const RegionState& rs = regions[r];
   if (!on_worker(rs)) {
-    // Host gradients were waited for on the host by begin_step, and host weights need no GPU
-    // order: no stream waits (which would share the worker's bookkeeping).
-    if (!rs.staged) job.ready.reset();
     run_cpu_job(job, [] { return static_cast<const CpuJob*>(nullptr); });
     return;
   }
@@ -233,12 +230,17 @@ void AdamW::Impl::run_cpu_job(const CpuJob& job, const detail::CpuWorker::Peek& 
   RegionState& rs = regions[job.region];
   using Kind = CpuJob::Kind;
 #ifdef GHT_HAVE_CUDA
-  // Weights in HBM are overwritten only once the producer is done with them.
-  if (gpu && job.ready && up_waited != job.ticket) {
+  // Weights in HBM are overwritten only once the producer is done with them. (Staged regions
+  // only: a region without device memory may run on the calling thread, and the bookkeeping
+  // is the worker's.)
+  if (gpu && job.ready && rs.staged && up_waited != job.ticket) {
     GHT_CUDA_TRY(cudaStreamWaitEvent(cpu_up, job.ready.get(), 0));
     up_waited = job.ticket;
   }
 #endif
+  // Gradients in host memory are read by the CPU: the producer's work up to `ready` must be done.
+  const bool computes = job.kind == Kind::update || job.kind == Kind::speculate || job.kind == Kind::redo;
+  if (computes && !downloads(job)) sync_event(job.ready.get());
   for (std::size_t c = 0; c < rs.chunks; ++c) {
     const std::size_t off = c * rs.chunk, count = count_of(rs, c);
     unsigned char* save = job.saves.empty() ? nullptr : job.saves[c];

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,7 @@ detail::CpuJob job_for(std::size_t region) {
 }
 
 TEST(CpuWorker, RunsJobsInOrderAndWaitsForATicket) {
+  std::mutex mu;
   std::vector<std::size_t> ran;
   std::atomic<bool> release{false};
   detail::CpuWorker w(-1, [&](const detail::CpuJob& j, const detail::CpuWorker::Peek& peek) {
@@ -47,6 +49,7 @@ TEST(CpuWorker, RunsJobsInOrderAndWaitsForATicket) {
       ASSERT_NE(next, nullptr);  // the next job is visible to prefetch
       EXPECT_EQ(next->region, 1u);
     }
+    std::lock_guard<std::mutex> lk(mu);
     ran.push_back(j.region);
   });
   std::vector<std::uint64_t> tickets;
@@ -54,27 +57,33 @@ TEST(CpuWorker, RunsJobsInOrderAndWaitsForATicket) {
   for (std::size_t i = 1; i < tickets.size(); ++i) EXPECT_GT(tickets[i], tickets[i - 1]);
   release = true;
   w.wait(tickets[2]);
-  EXPECT_GE(ran.size(), 3u);
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    EXPECT_GE(ran.size(), 3u);
+  }
   w.drain();
   EXPECT_EQ(ran, (std::vector<std::size_t>{0, 1, 2, 3, 4}));
   w.wait(tickets[0]);  // long done: returns at once
 }
 
 TEST(CpuWorker, AFailureReachesEveryWaiterAndDropsTheRest) {
-  int ran = 0;
+  std::atomic<int> ran{0};
+  std::atomic<bool> release{false};
   detail::CpuWorker w(-1, [&](const detail::CpuJob& j, const detail::CpuWorker::Peek&) {
+    while (!release.load()) std::this_thread::yield();  // until all three are pushed
     if (j.region == 1) throw ght::logic_error("job for region 1 failed");
     ++ran;
   });
   const std::uint64_t a = w.push(job_for(0));
   const std::uint64_t b = w.push(job_for(1));
   const std::uint64_t c = w.push(job_for(2));
+  release = true;
   w.wait(a);
   EXPECT_CONTAINS(ght::test::error_of<ght::logic_error>([&] { w.wait(b); }), "region 1 failed");
   EXPECT_CONTAINS(ght::test::error_of<ght::logic_error>([&] { w.wait(c); }), "region 1 failed");
   EXPECT_CONTAINS(ght::test::error_of<ght::logic_error>([&] { w.drain(); }), "region 1 failed");
   EXPECT_CONTAINS(ght::test::error_of<ght::logic_error>([&] { (void)w.push(job_for(3)); }), "region 1 failed");
-  EXPECT_EQ(ran, 1);  // job 2 was dropped
+  EXPECT_EQ(ran.load(), 1);  // job 2 was dropped
 }
 
 // ---- the optimizer with its worker --------------------------------------------------------------

@@ -648,11 +648,10 @@ void CudaRun::after_unit_backward(int u) {
 void CudaRun::speculate_unit(int u) {
   const auto t0 = std::chrono::steady_clock::now();
   if (tracer_) tracer_->set_op(kOpSpeculate);
+  // Each path has its own undo arena (HBM for gpu_link, host for cpu): one that is full (or off)
+  // returns no_room for its regions and leaves the other path speculating.
   for (std::size_t r : unit_regions_[static_cast<std::size_t>(u)]) {
-    if (opt_->speculate_region(r, step_lr_, model_->stream()) == optimizer::Speculation::no_room) {
-      speculate_now_ = false;  // the undo arena is full for this step
-      break;
-    }
+    (void)opt_->speculate_region(r, step_lr_, model_->stream());
   }
   spec_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
