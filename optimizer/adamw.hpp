@@ -19,6 +19,20 @@
  *             both asynchronously and overlapped with the host computation.
  *   auto      device when the region's state landed in HBM, gpu_link when on the host and a GPU
  *             exists, cpu without a GPU.
+ *   split     auto, then the host-state regions are divided between gpu_link and cpu
+ *             (tier::assign_update_split, in region order) at a CPU share (AdamWOptions::cpu_share,
+ *             GHT_OPT_CPU_SHARE; default tier::predict_update_split's best), and both run at once.
+ *
+ * The cpu path runs on a host thread of the optimizer's own (the cpu worker) wherever a region's
+ * gradients or weights are in HBM (AdamWOptions::cpu_worker): update_region of such a region
+ * hands it over and returns at once, so the host cores compute while the driving thread
+ * launches (and, on a full driver queue, blocks in) the GPU paths. The worker takes its
+ * jobs in order; its gradient downloads and weight uploads have their own streams, and it
+ * records the region's chunk events. Because those events exist only once the worker has
+ * recorded them, chunk_event and region_event of a cpu region wait on the host until it has
+ * (for the update most recently handed over); everything that reads or writes state
+ * (begin_step's successors, synchronize, save_state, load_state, set_grad, set_weight,
+ * checkpoints) waits for the worker first, so the semantics are those of a synchronous update.
  *
  * Every step: the global gradient norm over all regions and tiers (Σg² in double per tier,
  * deterministic, combined in double, reported as a float), clip coefficient
@@ -26,10 +40,12 @@
  * when the norm is NaN or Inf nothing is written (master, m, v, weights and the step count keep
  * every byte) and OptimizerStats::steps_skipped_nonfinite is incremented.
  *
- * Speculation (GPU paths with host state, gradients in HBM): speculate_region() updates a region
- * as soon as its gradients are final, before the global norm is known, assuming clip coefficient
- * 1 and finite gradients. It first copies the chunk's master, m, v and bf16 weight into an HBM
- * undo arena (GHT_OPT_SPECULATE bytes; off by default). begin_step() then validates: when the step is taken
+ * Speculation (host state): speculate_region() updates a region as soon as its
+ * gradients are final, before the global norm is known, assuming clip coefficient 1 and finite
+ * gradients. It first saves the chunk's master, m, v and bf16 weight: gpu_link regions into an
+ * HBM undo arena (GHT_OPT_SPECULATE bytes), cpu regions into a host undo arena
+ * (GHT_OPT_SPECULATE_HOST bytes; the worker downloads the gradients, saves, updates and uploads
+ * the weights); both off by default. begin_step() then validates: when the step is taken
  * unclipped at the same lr, the speculative result stands; otherwise the chunk is recomputed
  * from the saved copy with the true coefficient (or restored, when the step is skipped) and
  * written back. Either way every byte equals the non-speculative step's.
@@ -37,7 +53,13 @@
  * GPU work is launched per chunk (GHT_OPT_CHUNK bytes of fp32 master per chunk; at most 4Mi
  * parameters per chunk in dma mode, so the copy pipeline fills quickly) and an event is
  * recorded after each chunk, so consumers (the next forward) can wait for just the layers they
- * need. Not thread-safe: one thread drives an AdamW.
+ * need. Its streams have the device's lowest priority, and the gpu_link kernel occupies at most
+ * link_kernel_sms() SMs (GHT_OPT_KERNEL_SMS; derived from the link and HBM rates), so that a
+ * link-bound update leaves the rest of the GPU to compute.
+ *
+ * Threads: one thread at a time drives an AdamW; the cpu worker is internal. chunk_event and
+ * region_event may also be called from other threads while it is driven (a consumer waiting for
+ * a region, a timing thread).
  */
 #include <cstddef>
 #include <cstdint>
@@ -58,7 +80,7 @@ struct CUevent_st;
 namespace ght::optimizer {
 
 enum class Path { gpu_link, cpu, device };
-enum class PathChoice { automatic, gpu_link, cpu, device };
+enum class PathChoice { automatic, gpu_link, cpu, device, split };
 /// How the gpu_link path reaches host state (GHT_OPT_LINK_MODE; auto = zero_copy on c2c, dma on pcie).
 ///   zero_copy  the kernel reads and writes master, m and v in place through mapped pointers
 ///   dma        copy engines stream each chunk's master, m and v into one of three HBM slots
@@ -68,7 +90,7 @@ enum class LinkMode { zero_copy, dma };
 [[nodiscard]] std::string_view to_string(Path p) noexcept;
 [[nodiscard]] std::string_view to_string(PathChoice p) noexcept;
 [[nodiscard]] std::string_view to_string(LinkMode m) noexcept;
-/// "auto|gpu_link|cpu|device" (case-insensitive); throws ght::config_error naming the text.
+/// "auto|gpu_link|cpu|device|split" (case-insensitive); throws ght::config_error naming the text.
 [[nodiscard]] PathChoice parse_path_choice(std::string_view text);
 /// The choice from GHT_OPTIMIZER.
 [[nodiscard]] PathChoice path_choice_from_config();
@@ -108,8 +130,8 @@ struct AdamWOptions {
   std::size_t chunk_elems = 0;     ///< parameters per GPU chunk; 0: GHT_OPT_CHUNK / 4
   std::size_t staging_bytes = 0;   ///< cpu path staging bytes per slot; 0: GHT_STAGING_BYTES
   int cpu_threads = 0;             ///< 0: GHT_CPU_THREADS / cores of the host NUMA node
-  /// HBM undo arena for speculative updates; unset: GHT_OPT_SPECULATE; 0: no speculation.
-  /// Reserved at construction when some region is gpu_link, capped at free HBM minus
+  /// HBM undo arena for speculative updates of gpu_link regions; unset: GHT_OPT_SPECULATE; 0: no
+  /// speculation. Reserved at construction when some region is gpu_link, capped at free HBM minus
   /// GHT_HBM_HEADROOM (speculation is off when less than 1 MiB would remain).
   std::optional<std::size_t> speculate_bytes;
   /// Several processes that each hold a part of one model's regions (ZeRO-1): called in
@@ -117,14 +139,30 @@ struct AdamWOptions {
   /// same value on every process. The norm, clipping and the non-finite skip then follow the
   /// whole model. Unset: this optimizer's regions are the whole model.
   std::function<double(double)> combine_sumsq;
+  /// Host undo arena for speculative updates of cpu regions; unset: GHT_OPT_SPECULATE_HOST; 0:
+  /// none. Reserved at construction when some region is cpu, capped at the allocator's largest
+  /// free host block (off below 1 MiB).
+  std::optional<std::size_t> speculate_host_bytes;
+  /// PathChoice::split: share of the host-state parameters on the cpu path, in [0, 1], or -1 for
+  /// the cost model's best; unset: GHT_OPT_CPU_SHARE.
+  std::optional<double> cpu_share;
+  /// SMs the gpu_link kernel may occupy (> 0); unset or 0: GHT_OPT_KERNEL_SMS, whose 0 derives it
+  /// from the link and HBM rates (link_kernel_sms in adamw_kernels.hpp).
+  int kernel_sms = 0;
+  /// Where cpu regions are updated. Unset: on the cpu worker when their gradients or weights are
+  /// in HBM (there is GPU work to overlap), on the calling thread when both are in host memory
+  /// (update_region then returns with the update done, as a host-only caller expects). true:
+  /// every cpu region on the worker (asynchronous: leave gradients, weights and state alone
+  /// until synchronize()); false: every one on the calling thread.
+  std::optional<bool> cpu_worker;
 };
 
 /// What speculate_region did.
 enum class Speculation {
   done,        ///< launched; begin_step validates it
-  ineligible,  ///< this region cannot be speculated (not gpu_link, gradients not in HBM, no GPU,
-               ///< already speculated in this step)
-  no_room,     ///< the undo arena cannot hold this region (or speculation is off)
+  ineligible,  ///< this region cannot be speculated (device path; gpu_link without a GPU or with
+               ///< gradients in host memory; already speculated in this step)
+  no_room,     ///< its path's undo arena cannot hold this region (or that arena is off)
 };
 
 /// What one step did.
@@ -198,9 +236,14 @@ class AdamW {
    * Blocks until the norm is known.
    */
   StepResult begin_step(double lr, CUstream_st* producer = nullptr);
-  /// Phase 2: update region r (GPU paths: enqueue chunks on stream(); cpu path: compute now,
-  /// weights copied up asynchronously). Records the region's chunk events even when skipped.
+  /// Phase 2: update region r (GPU paths: enqueue chunks on stream(); cpu path: hand it to the
+  /// cpu worker, which downloads the gradients, computes and uploads the weights). Its chunk
+  /// events are recorded even when the step is skipped.
   void update_region(std::size_t r);
+  /// update_region for every region not yet updated in this step: the cpu regions first (in
+  /// order: the worker starts at once), then the GPU paths in order (their launches may block
+  /// the caller on a full driver queue while the worker computes).
+  void update_all();
   /**
    * @brief Update region r now, before begin_step, as if the step were taken unclipped at `lr`
    * (see the file comment); its chunk events are recorded. Call it once the region's gradients
@@ -211,18 +254,28 @@ class AdamW {
   /// Undo every speculated region of the open step (bytes restored exactly); nothing if none.
   /// save_state refuses to run while a speculation waits for begin_step.
   void cancel_speculation();
-  /// Bytes of the undo arena (0: speculation off).
+  /// Bytes of the HBM undo arena of gpu_link regions (0: their speculation is off).
   [[nodiscard]] std::size_t speculate_capacity() const;
+  /// Bytes of the host undo arena of cpu regions (0: their speculation is off).
+  [[nodiscard]] std::size_t speculate_host_capacity() const;
+  /// PathChoice::split: the CPU share it ran the assignment with (the resolved GHT_OPT_CPU_SHARE);
+  /// unset for the other choices.
+  [[nodiscard]] std::optional<double> split_cpu_share() const;
+  /// SMs the gpu_link kernel may occupy (0 without a GPU).
+  [[nodiscard]] int link_kernel_sms() const;
 
-  /// begin_step, then update_region for every region in order.
+  /// begin_step, then update_all.
   StepResult step(double lr, CUstream_st* producer = nullptr);
-  /// Wait until every launched update and weight copy has finished.
+  /// Wait until every launched update and weight copy has finished (the cpu worker's too); an
+  /// error the worker hit is rethrown here (and by every later wait: the optimizer is unusable).
   void synchronize() const;
 
   /// The optimizer's link stream (null without a GPU).
   [[nodiscard]] CUstream_st* stream() const;
   [[nodiscard]] std::size_t num_chunks(std::size_t r) const;
-  /// Recorded after chunk c of region r is written (weights included). Null without a GPU.
+  /// Recorded after chunk c of region r is written (weights included). Null without a GPU. For a
+  /// cpu region, waits on the host until the worker has recorded the region's events of the
+  /// update last handed to it (rethrowing the worker's error); callable from any thread.
   [[nodiscard]] CUevent_st* chunk_event(std::size_t r, std::size_t c) const;
   [[nodiscard]] CUevent_st* region_event(std::size_t r) const;
 

@@ -9,6 +9,7 @@
 
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "tier/cost_model.hpp"
 #include "tier/error.hpp"
 
 namespace ght::optimizer {
@@ -40,6 +41,17 @@ StepScalars make_step_scalars(const AdamWHyper& h, double lr, std::int64_t step,
   k.grad_scale = static_cast<float>(grad_scale);
   k.step = static_cast<std::uint64_t>(step);
   return k;
+}
+
+int link_kernel_sms(double link_bps, double hbm_bps, int sms, double state_bytes) {
+  GHT_EXPECTS(sms >= 1, "link_kernel_sms: the GPU needs at least one SM, got " + std::to_string(sms));
+  GHT_EXPECTS(state_bytes > 0, "link_kernel_sms: state bytes per parameter must be > 0");
+  if (!(link_bps > 0) || !(hbm_bps > 0)) return sms;
+  // Per parameter the link moves master, m and v each way; the kernel also reads an fp32 (at
+  // most) gradient and writes the bf16 weight in HBM.
+  const double hbm_per_link_byte = (2 * state_bytes + tier::kHostGradBytes + tier::kUpdateWeightBytes) / (2 * state_bytes);
+  const double need = kLinkKernelMargin * link_bps * hbm_per_link_byte / (hbm_bps / sms);
+  return static_cast<int>(std::clamp(std::ceil(need), 1.0, static_cast<double>(sms)));
 }
 
 std::uint64_t round_key(std::string_view region_name) noexcept {

@@ -176,24 +176,25 @@ int sm_count() {
   return n;
 }
 
-// Enough resident blocks to fill every SM, never more than the work needs.
+// Enough resident blocks to fill every SM (or max_sms of them), never more than the work needs.
 // Keyed by the kernel itself: instantiations differing only in a bool share a function type.
 template <auto Kernel>
-unsigned grid_for(std::size_t items) {
+unsigned grid_for(std::size_t items, int max_sms) {
   static const int per_sm = [] {
     int b = 0;
     GHT_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0));
     return std::max(1, b);
   }();
+  const int sms = max_sms > 0 ? std::min(max_sms, sm_count()) : sm_count();
   const std::size_t needed = (items + kThreads - 1) / kThreads;
-  const std::size_t full = static_cast<std::size_t>(per_sm) * static_cast<std::size_t>(sm_count());
+  const std::size_t full = static_cast<std::size_t>(per_sm) * static_cast<std::size_t>(sms);
   return static_cast<unsigned>(std::max<std::size_t>(1, std::min(needed, full)));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 template <typename G, typename S, bool kWeight>
-void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
+void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
   const G* g = static_cast<const G*>(s.grad);
   auto* m = static_cast<S*>(s.m);
   auto* v = static_cast<S*>(s.v);
@@ -206,7 +207,7 @@ void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
     const std::size_t n8 = s.n / 8;
     if (n8 > 0) {
       constexpr auto kern = adamw_vec8_kernel<G, S, kWeight>;
-      kern<<<grid_for<kern>(n8), kThreads, 0, stream>>>(s.master, m, v, g, w, n8, k, rs, s.first);
+      kern<<<grid_for<kern>(n8, max_sms), kThreads, 0, stream>>>(s.master, m, v, g, w, n8, k, rs, s.first);
       GHT_CUDA_CHECK_LAUNCH();
       done = n8 * 8;
     }
@@ -214,7 +215,7 @@ void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
   if (done < s.n) {
     const std::size_t rest = s.n - done;
     constexpr auto kern = adamw_scalar_kernel<G, S, kWeight>;
-    kern<<<grid_for<kern>(rest), kThreads, 0, stream>>>(s.master + done, m + done, v + done,
+    kern<<<grid_for<kern>(rest, max_sms), kThreads, 0, stream>>>(s.master + done, m + done, v + done,
                                                         g + done, kWeight ? w + done : nullptr,
                                                         rest, k, rs, s.first + done);
     GHT_CUDA_CHECK_LAUNCH();
@@ -222,9 +223,9 @@ void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
 }
 
 template <typename G, typename S>
-void launch_typed(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
-  if (s.weight != nullptr) launch<G, S, true>(s, k, stream);
-  else launch<G, S, false>(s, k, stream);
+void launch_typed(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
+  if (s.weight != nullptr) launch<G, S, true>(s, k, stream, max_sms);
+  else launch<G, S, false>(s, k, stream, max_sms);
 }
 
 // ---- sum of squares ------------------------------------------------------------------------
@@ -280,16 +281,16 @@ __global__ void sum_partials_kernel(double* partials, int n) {
 
 }  // namespace
 
-void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream) {
+void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_gpu: null master/m/v/grad pointer");
   const bool bf16_state = s.state == StateType::bf16;
   if (s.grad_type == GradType::bf16) {
-    if (bf16_state) launch_typed<std::uint16_t, std::uint16_t>(s, k, stream);
-    else launch_typed<std::uint16_t, float>(s, k, stream);
+    if (bf16_state) launch_typed<std::uint16_t, std::uint16_t>(s, k, stream, max_sms);
+    else launch_typed<std::uint16_t, float>(s, k, stream, max_sms);
   } else {
-    if (bf16_state) launch_typed<float, std::uint16_t>(s, k, stream);
-    else launch_typed<float, float>(s, k, stream);
+    if (bf16_state) launch_typed<float, std::uint16_t>(s, k, stream, max_sms);
+    else launch_typed<float, float>(s, k, stream, max_sms);
   }
 }
 

@@ -155,14 +155,33 @@ inline constexpr std::size_t kSumsqBlock = 1 << 16;
  */
 [[nodiscard]] double grad_sumsq_cpu(const void* grad, GradType t, std::size_t n, int threads = 0);
 
+/// How much faster than the link feeds it the gpu_link kernel is sized to run (link_kernel_sms):
+/// at 4x, a dma chunk's kernel takes at most a quarter of the time its copies take, so the
+/// three-slot pipeline (in, update, out) stays bound by the copies.
+inline constexpr double kLinkKernelMargin = 4;
+
+/**
+ * @brief SMs the gpu_link AdamW kernel needs: enough that, at each SM's share of HBM bandwidth
+ * (hbm_bps / sms, a lower bound on what one SM can move), it runs kLinkKernelMargin times as
+ * fast as the link delivers state: ceil(margin · link_bps · hbm_bytes / link_bytes / (hbm_bps /
+ * sms)), at least 1 and at most `sms`. link_bps: the rate state crosses the link (both ways:
+ * the copy engines' bidir_bps in dma mode, kernel read + write in zero-copy mode);
+ * hbm_bytes / link_bytes: what the kernel moves per byte of state the link moves (an fp32
+ * gradient and the bf16 weight come from and go to HBM). Either rate unknown (0): every SM.
+ * @param state_bytes master + m + v per parameter (12; 8 with bf16 m and v)
+ */
+[[nodiscard]] int link_kernel_sms(double link_bps, double hbm_bps, int sms, double state_bytes);
+
 #ifdef GHT_HAVE_CUDA
 /**
  * @brief AdamW on the GPU (the gpu_link and device paths). Pointers must be GPU-dereferenceable:
  * HBM, mapped pinned host memory (PCIe) or system memory (c2c). With every pointer 16-byte
  * aligned it moves 16-byte vectors (8 elements per thread per iteration, grid-stride, enough
- * blocks to fill every SM); otherwise it falls back to a scalar loop. Asynchronous on `stream`.
+ * blocks to fill every SM, or `max_sms` of them when > 0); otherwise it falls back to a scalar
+ * loop. Each element is computed on its own, so the result does not depend on the grid.
+ * Asynchronous on `stream`.
  */
-void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream);
+void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms = 0);
 
 /**
  * @brief Deterministic Σ g² of device gradients, accumulated over several buffers.

@@ -36,13 +36,27 @@ int resolve_cpu_threads(int requested) {
   return std::max(1, static_cast<int>(pinned_cpu_list().size()));
 }
 
+namespace {
+// Small buffers are not worth waking a team for.
+int team_for_bytes(std::size_t bytes, int threads) { return bytes < (std::size_t{4} << 20) ? 1 : threads; }
+}  // namespace
+
 void zero_host(void* p, std::size_t bytes, int threads) {
   if (bytes == 0) return;
   auto* b = static_cast<unsigned char*>(p);
-  // Small buffers are not worth waking a team for.
-  parallel_pinned(bytes < (std::size_t{4} << 20) ? 1 : threads, [&](int tid, int nt) {
+  parallel_pinned(team_for_bytes(bytes, threads), [&](int tid, int nt) {
     const Range r = thread_range(bytes, tid, nt, 64);
     if (r.end > r.begin) std::memset(b + r.begin, 0, r.end - r.begin);
+  });
+}
+
+void copy_host(void* dst, const void* src, std::size_t bytes, int threads) {
+  if (bytes == 0) return;
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  parallel_pinned(team_for_bytes(bytes, threads), [&](int tid, int nt) {
+    const Range r = thread_range(bytes, tid, nt, 64);
+    if (r.end > r.begin) std::memcpy(d + r.begin, s + r.begin, r.end - r.begin);
   });
 }
 

@@ -89,4 +89,7 @@ void parallel_pinned(int threads, Fn&& fn) {
 /// places plain memory's pages on the host NUMA node, split as the kernels will access it.
 void zero_host(void* p, std::size_t bytes, int threads = 0);
 
+/// memcpy of `bytes` from src to dst (not overlapping) by the pinned team, split the same way.
+void copy_host(void* dst, const void* src, std::size_t bytes, int threads = 0);
+
 }  // namespace ght::optimizer

@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ght::tier {
 
@@ -68,7 +69,14 @@ struct Line {
 
 }  // namespace
 
-UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& link) {
+namespace {
+
+/// The three resources of the split (cost_model.hpp), each as a line in f.
+struct SplitLines {
+  Line lines[3];
+};
+
+SplitLines split_lines(const UpdateSplitInput& in, const LinkNumbers& link) {
   GHT_EXPECTS(in.cpu_params_per_s >= 0 && in.host_bps >= 0,
               "predict_update_split: rates must be >= 0");
   const double nh = static_cast<double>(in.params_grad_hbm);
@@ -87,7 +95,7 @@ UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& 
   const double cpu_link = link_time(link, seconds_for(up, link.h2d_bps),
                                     seconds_for(down, link.d2h_bps), up, down);
   const double n = nh + ns;
-  const Line lines[] = {
+  return SplitLines{{
       {"link", gh.seconds + gs.seconds, cpu_link},
       {"cpu", 0, n > 0 ? seconds_for(n, rate) : 0},
       // An unknown host-memory bandwidth is not charged (unlike a missing link or CPU rate,
@@ -95,44 +103,71 @@ UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& 
       {"host memory",
        host_bps > 0 ? (gh.read_bytes + gh.write_bytes + gs.read_bytes + gs.write_bytes) / host_bps : 0,
        host_bps > 0 ? (n * cpu_host_bytes + up + down) / host_bps : 0},
-  };
-  auto total = [&](double f) {
-    double t = 0;
-    for (const Line& l : lines) t = std::max(t, l.at(f));
-    return t;
-  };
+  }};
+}
+
+double split_total(const SplitLines& s, double f) {
+  double t = 0;
+  for (const Line& l : s.lines) t = std::max(t, l.at(f));
+  return t;
+}
+
+UpdateSplit split_at(const SplitLines& s, double f) {
+  UpdateSplit r;
+  r.cpu_fraction = f;
+  r.all_link_seconds = split_total(s, 0);
+  r.all_cpu_seconds = split_total(s, 1);
+  r.seconds = split_total(s, f);
+  r.link_seconds = s.lines[0].at(f);
+  r.cpu_seconds = s.lines[1].at(f);
+  r.memory_seconds = s.lines[2].at(f);
+  for (const Line& l : s.lines) {
+    // Crossing points are computed, so "at the maximum" allows for the last bits of rounding.
+    if (l.at(f) >= r.seconds * (1 - 1e-9) && r.seconds > 0) {
+      r.limit += (r.limit.empty() ? "" : " = ") + std::string(l.name);
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& link) {
+  const SplitLines s = split_lines(in, link);
   std::vector<double> candidates{0.0, 1.0};
-  for (std::size_t i = 0; i < std::size(lines); ++i) {
-    for (std::size_t j = i + 1; j < std::size(lines); ++j) {
-      const double dx = lines[j].all_link - lines[i].all_link;
-      const double den = dx - (lines[j].all_cpu - lines[i].all_cpu);
+  for (std::size_t i = 0; i < std::size(s.lines); ++i) {
+    for (std::size_t j = i + 1; j < std::size(s.lines); ++j) {
+      const double dx = s.lines[j].all_link - s.lines[i].all_link;
+      const double den = dx - (s.lines[j].all_cpu - s.lines[i].all_cpu);
       if (std::isfinite(dx) && std::isfinite(den) && den != 0) {
         candidates.push_back(std::clamp(dx / den, 0.0, 1.0));
       }
     }
   }
   std::sort(candidates.begin(), candidates.end());
-  UpdateSplit r;
-  r.all_link_seconds = total(0);
-  r.all_cpu_seconds = total(1);
-  r.seconds = r.all_link_seconds;
+  double best_f = 0, best = split_total(s, 0);
   for (double f : candidates) {  // ascending, strictly better only: ties keep the smaller f
-    const double t = total(f);
-    if (t < r.seconds) {
-      r.seconds = t;
-      r.cpu_fraction = f;
+    const double t = split_total(s, f);
+    if (t < best) {
+      best = t;
+      best_f = f;
     }
   }
-  r.link_seconds = lines[0].at(r.cpu_fraction);
-  r.cpu_seconds = lines[1].at(r.cpu_fraction);
-  r.memory_seconds = lines[2].at(r.cpu_fraction);
-  for (const Line& l : lines) {
-    // Crossing points are computed, so "at the maximum" allows for the last bits of rounding.
-    if (l.at(r.cpu_fraction) >= r.seconds * (1 - 1e-9) && r.seconds > 0) {
-      r.limit += (r.limit.empty() ? "" : " = ") + std::string(l.name);
-    }
-  }
-  return r;
+  return split_at(s, best_f);
+}
+
+UpdateSplit evaluate_update_split(const UpdateSplitInput& in, const LinkNumbers& link, double cpu_fraction) {
+  GHT_EXPECTS(cpu_fraction >= 0 && cpu_fraction <= 1,
+              "evaluate_update_split: the CPU share must be in [0, 1], got " + std::to_string(cpu_fraction));
+  return split_at(split_lines(in, link), cpu_fraction);
+}
+
+double resolve_update_cpu_share(double requested, const UpdateSplitInput& in, const LinkNumbers& link) {
+  if (requested >= 0 && requested <= 1) return requested;
+  if (requested == -1) return predict_update_split(in, link).cpu_fraction;
+  throw config_error("GHT_OPT_CPU_SHARE=" + std::to_string(requested) +
+                     ": the share of host-state parameters on the cpu path is -1 (the cost model's best) or "
+                     "a number in [0, 1]");
 }
 
 Mode default_mode(const Region& r, TierKind t) {

@@ -101,8 +101,9 @@ struct OptimizerLinkPrediction {
  * Simplifications: both paths' link seconds add (each path's link_time, then summed: an upper
  * bound, since link_time of the summed traffic is never more); each gradient class is split
  * with the same f (moving streamed-gradient parameters to the CPU first would do slightly better,
- * as they save 4 more link bytes each); the optimizer does not run a split yet (GHT_OPTIMIZER
- * picks one path per region), so this is a prediction only.
+ * as they save 4 more link bytes each). GHT_OPTIMIZER=split runs it: the optimizer assigns
+ * whole regions with assign_update_split (plan.hpp), so the share it reaches is f to within the
+ * largest region's size.
  */
 struct UpdateSplitInput {
   std::uint64_t params_grad_hbm = 0;   ///< host-state parameters whose fp32 gradient is in HBM
@@ -123,6 +124,16 @@ struct UpdateSplit {
 };
 /// @throws ght::logic_error on a negative rate
 [[nodiscard]] UpdateSplit predict_update_split(const UpdateSplitInput& in, const LinkNumbers& link);
+/// The same model at a given share f in [0, 1] (each resource's time at f, T(f), the limit):
+/// the prediction for a share the split is forced to (GHT_OPT_CPU_SHARE), or a sweep's point.
+/// @throws ght::logic_error on a negative rate or f outside [0, 1]
+[[nodiscard]] UpdateSplit evaluate_update_split(const UpdateSplitInput& in, const LinkNumbers& link,
+                                                double cpu_fraction);
+/// The CPU share a split update runs with: `requested` when it is in [0, 1], predict_update_split's
+/// best share when it is -1 (GHT_OPT_CPU_SHARE's "auto").
+/// @throws ght::config_error naming GHT_OPT_CPU_SHARE for any other value
+[[nodiscard]] double resolve_update_cpu_share(double requested, const UpdateSplitInput& in,
+                                              const LinkNumbers& link);
 
 /// Link time of a set of transfers (see the file comment); inputs are the seconds each
 /// direction takes alone and the bytes each way.

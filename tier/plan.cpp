@@ -373,6 +373,23 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
 
 }  // namespace
 
+std::vector<bool> assign_update_split(const std::vector<std::uint64_t>& params, double cpu_fraction) {
+  GHT_EXPECTS(cpu_fraction >= 0 && cpu_fraction <= 1,
+              "assign_update_split: the CPU share must be in [0, 1], got " + std::to_string(cpu_fraction));
+  std::vector<bool> on_cpu(params.size(), false);
+  double total = 0, cpu = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto n = static_cast<double>(params[i]);
+    total += n;
+    const double target = cpu_fraction * total;
+    if (std::abs(cpu + n - target) < std::abs(cpu - target)) {
+      on_cpu[i] = true;
+      cpu += n;
+    }
+  }
+  return on_cpu;
+}
+
 Prediction predict(const std::vector<Region>& regions, const std::vector<Decision>& decisions,
                    const PlanOptions& options) {
   GHT_EXPECTS(regions.size() == decisions.size(), "predict: regions and decisions differ in count");
@@ -858,7 +875,8 @@ std::string Plan::format_table(bool explain) const {
        << " (limit " << u.limit << ")\n"
        << "                (prediction; CPU AdamW at host triad / "
        << num(adamw_bytes_per_param(kHostGradBytes, state.state_bytes_per_param), 0)
-       << " B, host memory shared with the link, not in the step above)\n";
+       << " B, host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
+       << "                both paths at once at this share, GHT_OPT_CPU_SHARE forces another)\n";
   }
   os << "  recompute     " << secs(p.recompute_seconds) << "\n"
      << "  window        " << secs(p.window_seconds) << " of compute to hide transfers behind\n"

@@ -262,6 +262,21 @@ class Plan {
 [[nodiscard]] Plan make_plan(std::vector<Region> regions, const PlanOptions& options,
                              const Measurements* measured = nullptr);
 
+/**
+ * @brief The update split's assignment (GHT_OPTIMIZER=split): which host-state regions the cpu
+ * path updates, so that a share `cpu_fraction` of their parameters goes to the host cores.
+ * @param params parameters of each host-state region, in the order the optimizer updates them
+ *        (the forward's order, so the next forward's first units are done first)
+ * @return per region, true for the cpu path. Error diffusion: walking the list, a region goes
+ * to the cpu path when that brings the cpu share of the prefix so far closer to `cpu_fraction`
+ * (ties: gpu_link). Both paths then advance through the list together, so the next forward's
+ * unit u waits for about the same fraction of each path's work; the share reached over the
+ * whole list is within half the largest region of the target. 0 gives none, 1 every region.
+ * @throws ght::logic_error when cpu_fraction is outside [0, 1]
+ */
+[[nodiscard]] std::vector<bool> assign_update_split(const std::vector<std::uint64_t>& params,
+                                                    double cpu_fraction);
+
 /// Predictions for an explicit placement (one decision per region; reasons ignored).
 [[nodiscard]] Prediction predict(const std::vector<Region>& regions,
                                  const std::vector<Decision>& decisions,

@@ -52,12 +52,22 @@ bool parse_args(int argc, char** argv, Args& args, int& rc) {
   app.add_option("--torch", args.torch, "torch_baseline.py JSON to compare with");
   app.add_flag("--skip-cpu", args.skip_cpu, "skip the host benchmarks");
   app.add_flag("--skip-gpu", args.skip_gpu, "skip the GPU benchmarks");
+  app.add_option("--split-params", args.split_params,
+                 "update split sweep over this many parameters (state on the host, fp32 gradients and bf16 "
+                 "weights in HBM; 0 = off)");
+  app.add_option("--split-regions", args.split_regions, "equal regions of the split sweep")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--split-shares", args.split_shares,
+                 "CPU shares to measure (default: 0, 1, the predicted best and +-0.05, +-0.1, +0.2 around it)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--split-only", args.split_only, "run the split sweep only (the triad and link rooflines still run)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     rc = app.exit(e);
     return false;
   }
+  if (args.split_only) args.sizes.clear();
   return true;
 }
 

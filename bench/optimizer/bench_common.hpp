@@ -111,6 +111,13 @@ struct Args {
   std::string torch;    ///< torch_baseline.py JSON to compare with
   bool skip_cpu = false;
   bool skip_gpu = false;
+  /// The update split sweep (GHT_OPTIMIZER=split at several CPU shares): parameters (0 = off),
+  /// split into this many equal regions; shares to measure (empty: 0, 1, the predicted best and
+  /// around it); --split-only skips the per-size rows (the triad and the link still run).
+  std::uint64_t split_params = 0;
+  int split_regions = 512;
+  std::vector<double> split_shares;
+  bool split_only = false;
 };
 
 struct Report {

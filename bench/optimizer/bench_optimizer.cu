@@ -10,6 +10,12 @@
 //   accumulate pipeline (bf16 grads from HBM, D2H through pinned staging, added on the host):
 //             host bytes per parameter 12 (DMA writes staging 2, add reads it 2, dst 4 + 4),
 //             link bytes 2 D2H; roofline = min(triad / 12 B, D2H memcpy / 2 B)
+//   split     (--split-params N: GHT_OPTIMIZER=split over N parameters in --split-regions equal
+//             regions, fp32 gradients and bf16 weights in HBM as the trainer has them) the step at
+//             several CPU shares: 0 (all over the link), 1 (all on the host cores), the cost
+//             model's best share and around it, each against tier::evaluate_update_split with this
+//             run's link and triad and the CPU rate measured at share 1, so the best measured share
+//             can be compared with the predicted one
 // Each measurement: one warm-up, then --runs timed runs; median and spread (max-min)/median.
 // Also prints the plan's predicted optimizer link seconds next to the measured ones.
 #include <cuda_runtime.h>
@@ -17,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -93,6 +100,14 @@ __global__ void write_kernel(float4* __restrict__ dst, std::size_t n4, float val
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
        i += stride) {
     __stcs(dst + i, make_float4(val, val, val, val));
+  }
+}
+
+__global__ void fill_grad_f32_kernel(float* g, std::size_t n) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    g[i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;
   }
 }
 
@@ -202,21 +217,139 @@ struct Setup {
 };
 
 /// The update phase alone (norm and decision outside the timed region), then the whole step.
-void time_update_and_step(const Args& args, Setup& s, Row& update, Row& step) {
+void time_update_and_step(const Args& args, optimizer::AdamW& opt, Stats& update, Stats& step) {
   std::vector<double> samples;
   for (int i = -1; i < args.runs; ++i) {
-    (void)s.opt->begin_step(1e-4);
+    (void)opt.begin_step(1e-4);
     const auto t0 = std::chrono::steady_clock::now();
-    s.opt->update_region(0);
-    s.opt->synchronize();
+    opt.update_all();
+    opt.synchronize();
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= 0) samples.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
-  update.seconds = summarize(samples);
-  step.seconds = time_runs(args.runs, [&] {
-    (void)s.opt->step(1e-4);
-    s.opt->synchronize();
+  update = summarize(samples);
+  step = time_runs(args.runs, [&] {
+    (void)opt.step(1e-4);
+    opt.synchronize();
   });
+}
+
+/// One GHT_OPTIMIZER=split optimizer at a CPU share over `regions` equal regions: state on the
+/// host, fp32 gradients and bf16 weights in HBM.
+struct SplitSetup {
+  DeviceBuffer grad, weight;
+  std::unique_ptr<optimizer::AdamW> opt;
+  std::uint64_t cpu_params = 0;
+  SplitSetup(std::uint64_t n, int regions, double share, int threads) : grad(n * 4), weight(n * 2) {
+    fill_grad_f32_kernel<<<full_grid(), 256>>>(static_cast<float*>(grad.get()), n);
+    GHT_CUDA_CHECK_LAUNCH();
+    GHT_CUDA_TRY(cudaDeviceSynchronize());
+    optimizer::AdamWOptions o;
+    o.path = optimizer::PathChoice::split;
+    o.cpu_share = share;
+    o.cpu_threads = threads;
+    o.speculate_bytes = 0;
+    o.speculate_host_bytes = 0;
+    std::vector<optimizer::Region> rs;
+    const std::uint64_t per = (n / static_cast<std::uint64_t>(regions) + 63) / 64 * 64;
+    for (std::uint64_t off = 0, i = 0; off < n; off += per, ++i) {
+      const std::uint64_t len = std::min(per, n - off);
+      char name[32];
+      std::snprintf(name, sizeof name, "r%llu", static_cast<unsigned long long>(i));
+      rs.push_back({name, len, true, static_cast<std::uint16_t*>(weight.get()) + off,
+                    static_cast<float*>(grad.get()) + off, GradType::fp32});
+    }
+    auto a = alloc::make_default_tiered_allocator();
+    a->set_placement([](std::string_view, TensorClass cls) -> std::optional<TierKind> {
+      if (cls == TensorClass::master || cls == TensorClass::adam_m || cls == TensorClass::adam_v) return TierKind::host;
+      return std::nullopt;
+    });
+    opt = std::make_unique<optimizer::AdamW>(std::move(rs), o, std::move(a));
+    for (std::size_t r = 0; r < opt->num_regions(); ++r) {
+      if (opt->path(r) == optimizer::Path::cpu) cpu_params += opt->region(r).n;
+    }
+  }
+};
+
+/// The split sweep (see the file comment): a row per share, the predictions next to them.
+void run_split(const Args& args, Report& report, const tier::LinkNumbers& link_measured, double triad) {
+  const std::uint64_t n = args.split_params;
+  tier::UpdateSplitInput in;
+  in.params_grad_hbm = n;
+  in.host_bps = triad;
+  tier::LinkNumbers L = link_measured;
+  L.host_triad_bps = triad;
+  struct Point {
+    double share = 0, achieved = 0;
+    Stats update, step;
+  };
+  std::vector<Point> points;
+  auto measure = [&](double share) {
+    for (const Point& p : points) {
+      if (p.share == share) return;
+    }
+    SplitSetup s(n, args.split_regions, share, args.threads);
+    Point p;
+    p.share = share;
+    p.achieved = static_cast<double>(s.cpu_params) / static_cast<double>(n);
+    time_update_and_step(args, *s.opt, p.update, p.step);
+    std::cout << "split " << human_params(n) << " at CPU share " << fmt(share, 3) << " (reached "
+              << fmt(p.achieved, 3) << "): update " << fmt(1e3 * p.update.median, 1) << " ms, "
+              << fmt(static_cast<double>(n) / p.update.median / 1e9) << " Gparam/s\n";
+    points.push_back(p);
+  };
+  measure(0.0);
+  measure(1.0);
+  // The CPU rate the model gets: what share 1 measured (the staged cpu path alone).
+  in.cpu_params_per_s = static_cast<double>(n) / points[1].update.median;
+  const tier::UpdateSplit best = tier::predict_update_split(in, L);
+  tier::UpdateSplitInput in_default = in;
+  in_default.cpu_params_per_s = 0;  // what GHT_OPT_CPU_SHARE=-1 uses: CPU AdamW at triad / 30 B
+  const tier::UpdateSplit best_default = tier::predict_update_split(in_default, L);
+  std::vector<double> shares = args.split_shares;
+  if (shares.empty()) {
+    for (double d : {0.0, -0.1, -0.05, 0.05, 0.1, 0.2}) shares.push_back(std::clamp(best.cpu_fraction + d, 0.0, 1.0));
+    shares.push_back(best_default.cpu_fraction);
+  }
+  for (double f : shares) measure(f);
+  std::sort(points.begin(), points.end(), [](const Point& a, const Point& b) { return a.share < b.share; });
+  const Point* fastest = &points.front();
+  nlohmann::json rows = nlohmann::json::array();
+  std::string table =
+      "| CPU share asked | reached | update ms | step ms | Gparam/s | predicted ms | measured / predicted | limit |\n"
+      "| --- | --- | --- | --- | --- | --- | --- | --- |\n";
+  for (const Point& p : points) {
+    if (p.update.median < fastest->update.median) fastest = &p;
+    const tier::UpdateSplit at = tier::evaluate_update_split(in, L, p.achieved);
+    table += "| " + fmt(p.share, 3) + " | " + fmt(p.achieved, 3) + " | " + fmt(1e3 * p.update.median, 1) + " | " +
+             fmt(1e3 * p.step.median, 1) + " | " + fmt(static_cast<double>(n) / p.update.median / 1e9) + " | " +
+             fmt(1e3 * at.seconds, 1) + " | " + fmt(p.update.median / at.seconds, 2) + " | " + at.limit + " |\n";
+    rows.push_back({{"share", p.share},
+                    {"reached", p.achieved},
+                    {"update_s", p.update.median},
+                    {"update_spread", p.update.spread},
+                    {"step_s", p.step.median},
+                    {"predicted_s", at.seconds},
+                    {"predicted_limit", at.limit}});
+  }
+  std::cout << "\nupdate split, " << human_params(n) << " parameters in " << args.split_regions
+            << " regions (fp32 gradients in HBM), link " << fmt(L.bidir_bps / 1e9, 1) << " GB/s both ways, triad "
+            << fmt(triad / 1e9, 1) << " GB/s, CPU path alone " << fmt(in.cpu_params_per_s / 1e9) << " Gparam/s:\n"
+            << table << "predicted best share " << fmt(best.cpu_fraction, 3) << " (" << fmt(1e3 * best.seconds, 1)
+            << " ms, limit " << best.limit << "; with the default CPU rate, triad / 30 B: "
+            << fmt(best_default.cpu_fraction, 3) << "); fastest measured share " << fmt(fastest->share, 3)
+            << " (reached " << fmt(fastest->achieved, 3) << ", " << fmt(1e3 * fastest->update.median, 1) << " ms, "
+            << fmt(points.front().update.median / fastest->update.median, 3) << "x the all-link update)\n";
+  report.extra["split"] = {{"params", n},
+                           {"regions", args.split_regions},
+                           {"cpu_params_per_s_measured", in.cpu_params_per_s},
+                           {"predicted_best_share", best.cpu_fraction},
+                           {"predicted_best_s", best.seconds},
+                           {"predicted_best_share_default_cpu_rate", best_default.cpu_fraction},
+                           {"fastest_share", fastest->share},
+                           {"fastest_reached", fastest->achieved},
+                           {"fastest_update_s", fastest->update.median},
+                           {"points", rows}};
 }
 
 void run_gpu(const Args& args, Report& report) {
@@ -258,7 +391,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = link_basis;
         r->torch_key = "torch_fused_cuda";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
@@ -300,7 +433,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = hbm_basis;
         r->torch_key = "torch_fused_cuda";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "device " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s\n";
@@ -318,7 +451,7 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
         r->torch_key = "torch_foreach_cpu";
       }
-      time_update_and_step(args, s, up, st);
+      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "cpu (staged) " << human_params(n) << ": " << fmt(up.gparams())
@@ -352,6 +485,13 @@ void run_gpu(const Args& args, Report& report) {
     }
   }
   report.extra["prediction"] = predictions;
+  if (args.split_params > 0) {
+    if (triad > 0) {
+      run_split(args, report, L, triad);
+    } else {
+      report.notes.push_back("the split sweep needs the host triad: run it without --skip-cpu");
+    }
+  }
 }
 
 }  // namespace

@@ -7,10 +7,18 @@
 # overlap (plain steps only) from one of the placement itself (traced step too).
 #
 # Usage: bench/trainer/offload_profile.sh GHT_BIN OUT_DIR NAME MODES [ght train -o overrides...]
-#   MODES: comma list of hbm, dma, zero_copy, cpu, delay (dma with GHT_OPT_DELAY=1)
+#   MODES: comma list of hbm, dma, zero_copy, cpu, delay (dma with GHT_OPT_DELAY=1),
+#          split (GHT_OPTIMIZER=split over dma at the cost model's CPU share), split@F (at CPU
+#          share F, GHT_OPT_CPU_SHARE=F); suffixes: +spec: cpu-path updates start during the
+#          last backward (GHT_OPT_SPECULATE_HOST=$OFFLOAD_SPEC_HOST, default 16GiB; pass
+#          -o optimizer.max_grad_norm=0 so that no clipped step turns it off); +delay:
+#          GHT_OPT_DELAY=1 (split+delay)
 #   e.g.   bench/trainer/offload_profile.sh build-gpu/bin/ght $OUT bench64 hbm,dma -o model.grad_accum=64
+#          bench/trainer/offload_profile.sh build-gpu/bin/ght $OUT q24b dma,split,split@0.15,split+spec $Q
 # Writes OUT_DIR/offload_NAME_MODE.{log,profile.json,kernel_breakdown.md,kernel_breakdown.json}
-# and prints one table row per step. GHT_* variables set by the caller pass through.
+# (MODE with @ and + written as _) and prints one table row per step: wall, fwd, bwd, stall,
+# gap, host, update (ms), MFU, parameters updated during the last backward. GHT_* variables set
+# by the caller pass through.
 # OFFLOAD_TRACE=0: 3 plain steps, no traced step (shorter, for large step times).
 set -uo pipefail
 GHT=${1:?usage: offload_profile.sh GHT_BIN OUT_DIR NAME MODES [overrides...]}
@@ -23,16 +31,32 @@ bash bench/make_bench_data.sh "$GHT" || exit 1
 mkdir -p "$OUT_DIR"
 rc=0
 for mode in ${MODES//,/ }; do
-  case $mode in
+  kind=${mode%%+*}
+  case $kind in
     hbm) env=(GHT_OPTIMIZER=device) ;;
     dma) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma) ;;
     zero_copy) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=zero_copy) ;;
     cpu) env=(GHT_OPTIMIZER=cpu) ;;
     delay) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma GHT_OPT_DELAY=1) ;;
-    *) echo "offload_profile: unknown mode '$mode' (hbm, dma, zero_copy, cpu, delay)"; rc=1; continue ;;
+    # split follows the plan's placement (like auto): the rules put all the state on the host.
+    split) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host") ;;
+    split@*) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host"
+                  "GHT_OPT_CPU_SHARE=${kind#split@}") ;;
+    *) echo "offload_profile: unknown mode '$mode' (hbm, dma, zero_copy, cpu, delay, split, split@F; +spec)"; rc=1; continue ;;
   esac
-  run=build-gpu/train-runs/offload-$NAME-$mode
-  base=$OUT_DIR/offload_${NAME}_$mode
+  bad=0
+  for suffix in $(echo "${mode#"$kind"}" | tr '+' ' '); do
+    case $suffix in
+      spec) env+=("GHT_OPT_SPECULATE_HOST=${OFFLOAD_SPEC_HOST:-16GiB}") ;;
+      delay) env+=(GHT_OPT_DELAY=1) ;;
+      *) echo "offload_profile: unknown suffix '+$suffix' in '$mode' (+spec, +delay)"; bad=1 ;;
+    esac
+  done
+  [ $bad = 0 ] || { rc=1; continue; }
+  tag=${mode//@/_}
+  tag=${tag//+/_}
+  run=build-gpu/train-runs/offload-$NAME-$tag
+  base=$OUT_DIR/offload_${NAME}_$tag
   echo "=== offload_profile $NAME $mode: ${env[*]} $*"
   steps=(--steps 4 --profile-steps 4 --trace-kernels)
   [ "${OFFLOAD_TRACE:-1}" = 0 ] && steps=(--steps 3 --profile-steps 3)
@@ -50,7 +74,8 @@ steps = p["steps"] if isinstance(p, dict) and "steps" in p else p
 for s in steps:
     keys = ("wall_ms", "forward_ms", "backward_ms", "opt_stall_ms", "step_gap_ms", "opt_host_ms", "prev_opt_update_ms", "mfu")
     vals = " | ".join(f"{s.get(k, float('nan')):.1f}" if k != "mfu" else f"{100 * s.get(k, 0):.1f}%" for k in keys)
-    print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['step']}{' (traced)' if s.get('traced') else ''} | {vals} |")
+    spec = f"{s.get('speculated_params', 0) / 1e6:.0f}M{' (undone)' if s.get('speculation_undone') else ''}"
+    print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['step']}{' (traced)' if s.get('traced') else ''} | {vals} | {spec} |")
 PY
 done
 exit $rc

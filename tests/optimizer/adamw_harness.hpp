@@ -329,6 +329,7 @@ inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
     make_grads(c, rng, g_ref, g_raw);
     upload();
     ASSERT_TRUE(opt->step(1e-3).taken);
+    opt->synchronize();  // the update reads the gradients until it is done
   }
   opt->synchronize();
   const float bad[3] = {std::numeric_limits<float>::quiet_NaN(),
@@ -367,6 +368,154 @@ inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
   EXPECT_EQ(opt->stats().steps_skipped_nonfinite, 3);
   EXPECT_EQ(opt->stats().steps_taken, 3);
   EXPECT_FALSE(bytes_equal(before, snapshot(*opt, wmem, buf)));
+}
+
+// ---- speculation against the plain step ------------------------------------------------------
+
+/// What begin_step finds on the middle step of a twins run.
+enum class Outcome { kept, clipped, lr_changed, nonfinite };
+
+inline std::string name_of(Outcome o) {
+  switch (o) {
+    case Outcome::kept: return "kept";
+    case Outcome::clipped: return "clipped";
+    case Outcome::lr_changed: return "lr_changed";
+    case Outcome::nonfinite: return "nonfinite";
+  }
+  return "?";
+}
+
+/// Step s's gradients made special: scaled 1000x (clipped, when max_grad_norm is 10x the first
+/// step's norm) or one NaN in region 1 (skipped).
+inline void make_special(const Case& c, Outcome o, std::vector<std::vector<unsigned char>>& g_raw) {
+  if (o == Outcome::clipped) {
+    for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+      for (std::size_t i = 0; i < c.sizes[r]; ++i) {
+        if (c.grad_type == GradType::bf16) {
+          std::uint16_t b;
+          std::memcpy(&b, g_raw[r].data() + 2 * i, 2);
+          b = float_to_bf16_bits(bf16_bits_to_float(b) * 1000.0f);
+          std::memcpy(g_raw[r].data() + 2 * i, &b, 2);
+        } else {
+          float f;
+          std::memcpy(&f, g_raw[r].data() + 4 * i, 4);
+          f *= 1000.0f;
+          std::memcpy(g_raw[r].data() + 4 * i, &f, 4);
+        }
+      }
+    }
+  }
+  if (o == Outcome::nonfinite) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    if (c.grad_type == GradType::bf16) {
+      const std::uint16_t b = float_to_bf16_bits(nan);
+      std::memcpy(g_raw[1].data() + 2 * 5, &b, 2);
+    } else {
+      std::memcpy(g_raw[1].data() + 4 * 5, &nan, 4);
+    }
+  }
+}
+
+/// A run of six steps with the two special outcomes in it; runs that resume do so before step 4.
+inline constexpr Outcome kSixSteps[6] = {Outcome::kept, Outcome::clipped, Outcome::kept,
+                                        Outcome::nonfinite, Outcome::kept, Outcome::kept};
+inline constexpr int kResumeBeforeStep = 4;
+
+/// What a checkpoint and a resume do: `from`'s master, m, v, bf16 weights and step count into
+/// `to` (a fresh optimizer over the same regions; weights in `wmem`).
+inline void resume_into(const AdamW& from, const Buffers& bf, AdamW& to, Buffers& bt, Mem& wmem) {
+  for (std::size_t r = 0; r < from.num_regions(); ++r) {
+    const std::size_t n = from.region(r).n;
+    std::vector<float> p(n), m(n), v(n);
+    std::vector<std::uint16_t> w(n);
+    from.save_state(r, p.data(), m.data(), v.data());
+    to.load_state(r, p.data(), m.data(), v.data());
+    wmem.download(w.data(), bf.weights[r], n * sizeof(bf16));
+    wmem.upload(bt.weights[r], w.data(), n * sizeof(bf16));
+  }
+  to.set_step_count(from.step_count());
+}
+
+/// Two steps that must have decided alike (taken, step count, clip), and the outcome they had.
+inline void expect_same_decision(const StepResult& a, const StepResult& b, Outcome o, int s) {
+  EXPECT_EQ(a.taken, b.taken) << "step " << s;
+  EXPECT_EQ(a.step, b.step) << "step " << s;
+  EXPECT_EQ(a.clip_coef, b.clip_coef) << "step " << s;
+  if (o == Outcome::clipped) {
+    EXPECT_LT(a.clip_coef, 0.5) << "step " << s;
+  }
+  if (o == Outcome::nonfinite) {
+    EXPECT_FALSE(a.taken) << "step " << s;
+  }
+}
+
+/**
+ * Two optimizers from the same seed: one steps normally (`plain`), the other (`spec`, with its
+ * undo arena) speculates every region, last first as backward finishes them, before begin_step.
+ * Three steps, compared byte for byte after each; `outcome` applies to the middle step, the
+ * others are plain unclipped steps. Gradients and weights live in `mem`, state comes from a
+ * fresh `make_alloc()` per optimizer.
+ */
+template <typename MakeAlloc>
+void run_speculation_twins(Case c, Mem& mem, AdamWOptions plain, AdamWOptions spec_opts, MakeAlloc make_alloc,
+                           Outcome outcome) {
+  SCOPED_TRACE(std::string(c.grad_type == GradType::bf16 ? "bf16" : "fp32") + " gradients, " + name_of(outcome));
+  std::vector<std::vector<double>> g_ref;
+  std::vector<std::vector<unsigned char>> g_raw;
+  std::mt19937 probe(c.seed + 1);
+  make_grads(c, probe, g_ref, g_raw);
+  // Clipping only where asked: on the middle step of `clipped`, gradients are scaled up 1000x.
+  c.hyper.max_grad_norm = 10 * expected_norm(g_ref);
+  Buffers buf_ref, buf_spec;
+  std::vector<RefRegion> unused;
+  std::mt19937 rng_ref(c.seed), rng_spec(c.seed);
+  auto ref = make_optimizer(c, mem, mem, plain, make_alloc(), buf_ref, unused, rng_ref);
+  auto spec = make_optimizer(c, mem, mem, spec_opts, make_alloc(), buf_spec, unused, rng_spec);
+  std::size_t total = 0;
+  for (std::size_t n : c.sizes) total += n;
+
+  std::mt19937 rng(c.seed + 2);
+  for (int s = 1; s <= 3; ++s) {
+    const bool special = s == 2;
+    make_grads(c, rng, g_ref, g_raw);
+    if (special) make_special(c, outcome, g_raw);
+    for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+      mem.upload(buf_ref.grads[r], g_raw[r].data(), g_raw[r].size());
+      mem.upload(buf_spec.grads[r], g_raw[r].data(), g_raw[r].size());
+    }
+    const double lr = 1e-3 * (1.0 + 0.3 * s);
+    const double spec_lr = special && outcome == Outcome::lr_changed ? 2 * lr : lr;
+    for (std::size_t r = c.sizes.size(); r-- > 0;) {
+      ASSERT_EQ(spec->speculate_region(r, spec_lr, nullptr), Speculation::done) << "region " << r;
+    }
+    EXPECT_EQ(spec->speculate_region(0, spec_lr, nullptr), Speculation::ineligible)
+        << "a region speculated twice in one step";
+    const StepResult a = ref->step(lr);
+    const StepResult b = spec->step(lr);
+    ref->synchronize();
+    spec->synchronize();
+    const bool undone = special && outcome != Outcome::kept;
+    EXPECT_EQ(a.taken, b.taken) << "step " << s;
+    EXPECT_EQ(a.step, b.step) << "step " << s;
+    EXPECT_EQ(a.clip_coef, b.clip_coef) << "step " << s;
+    if (std::isnan(a.grad_norm)) {
+      EXPECT_TRUE(std::isnan(b.grad_norm)) << "step " << s;
+    } else {
+      EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << s;
+    }
+    EXPECT_EQ(b.speculated_params, total) << "step " << s;
+    EXPECT_EQ(b.speculation_undone, undone) << "step " << s;
+    if (special && outcome == Outcome::clipped) {
+      EXPECT_LT(a.clip_coef, 0.5);
+    }
+    if (special && outcome == Outcome::nonfinite) {
+      EXPECT_FALSE(a.taken);
+    }
+    EXPECT_TRUE(bytes_equal(snapshot(*ref, mem, buf_ref), snapshot(*spec, mem, buf_spec)))
+        << "step " << s << ": speculative and plain steps differ";
+  }
+  EXPECT_EQ(spec->stats().steps_speculated, 3);
+  EXPECT_EQ(spec->stats().speculations_undone, outcome == Outcome::kept ? 0 : 1);
 }
 
 }  // namespace ght::optimizer::test

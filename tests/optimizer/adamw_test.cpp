@@ -175,6 +175,21 @@ TEST(AdamWKernels, CpuKernelWithoutWeightTargetMatchesWithWeight) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(w[i].bits, float_to_bf16_bits(p[i]));
 }
 
+// SMs of the gpu_link kernel: kLinkKernelMargin (4) times the rate the link feeds state, at each
+// SM's share of HBM. H200 on PCIe (the pcie5 profile): 4 · 99.8 GB/s · (24 + 6) / 24 over
+// 4.43 TB/s / 132 = 14.87, so 15 SMs; bf16 state: 4 · 99.8 · (16 + 6) / 16 / 33.56 = 16.4, 17.
+// GH200 zero-copy (kernel read 342 + write 297 GB/s, HBM 3.4 TB/s): 124.03, so 125 of 132.
+TEST(AdamWKernels, LinkKernelSmsFollowTheLinkAndHbmRates) {
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, 12), 15);
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, 8), 17);
+  EXPECT_EQ(link_kernel_sms(639e9, 3.4e12, 132, 12), 125);
+  EXPECT_EQ(link_kernel_sms(1e15, 3.4e12, 132, 12), 132);  // faster than HBM: every SM
+  EXPECT_EQ(link_kernel_sms(1e6, 3.4e12, 132, 12), 1);     // at least one
+  EXPECT_EQ(link_kernel_sms(0, 3.4e12, 132, 12), 132);     // unknown rates: no cap
+  EXPECT_EQ(link_kernel_sms(99.8e9, 0, 132, 12), 132);
+  EXPECT_THROW((void)link_kernel_sms(99.8e9, 4.43e12, 0, 12), ght::logic_error);
+}
+
 TEST(AdamWOptions, PathChoiceParsing) {
   EXPECT_EQ(parse_path_choice("auto"), PathChoice::automatic);
   EXPECT_EQ(parse_path_choice("GPU_LINK"), PathChoice::gpu_link);
@@ -221,23 +236,6 @@ TEST(AdamWOptions, StepPhasesAreChecked) {
   if (!detail::gpu_available()) {
     EXPECT_EQ(opt.region_event(0), nullptr);  // no GPU events on the host path
   }
-}
-
-TEST(AdamWOptions, SpeculationIsAGpuLinkFeature) {
-  // The cpu path never speculates and reserves no undo arena; the update is the plain one.
-  std::vector<float> g(64, 0.5f);
-  AdamWOptions o = cpu_options();
-  o.speculate_bytes = std::size_t{1} << 30;
-  AdamW opt({Region{"a", 64, true, nullptr, g.data(), GradType::fp32}}, o);
-  EXPECT_EQ(opt.speculate_capacity(), 0u);
-  EXPECT_EQ(opt.speculate_region(0, 1e-3, nullptr), Speculation::ineligible);
-  EXPECT_THROW((void)opt.speculate_region(0, -1.0, nullptr), ght::logic_error);  // bad lr named
-  opt.cancel_speculation();  // nothing open: a no-op
-  const StepResult res = opt.step(1e-3);
-  EXPECT_TRUE(res.taken);
-  EXPECT_EQ(res.speculated_params, 0u);
-  EXPECT_FALSE(res.speculation_undone);
-  EXPECT_EQ(opt.stats().steps_speculated, 0);
 }
 
 }  // namespace

@@ -263,5 +263,36 @@ TEST(UpdateSplit, CpuAdamwBytesMatchTheBenchmarkRoofline) {
   EXPECT_EQ(adamw_bytes_per_param(4), 30.0);  // fp32 gradient (host accumulator)
 }
 
+// The model at a forced share: the same lines, read at f (the sweep's predictions). On the
+// shared-memory fixture above, 0.2 on the CPU is past the best share, so host memory binds:
+//   T(0.2) = 0.8 · 24/111 + 0.2 · 36/111 s; and the best share read back gives the best time.
+TEST(UpdateSplit, EvaluatedAtAShareAndResolvedFromTheRequest) {
+  const LinkNumbers l = pcie_numbers();
+  UpdateSplitInput in;
+  in.params_grad_hbm = 1'000'000'000ULL;
+  in.cpu_params_per_s = 1.53e9;
+  in.host_bps = 111e9;
+  const UpdateSplit best = predict_update_split(in, l);
+  const UpdateSplit at = evaluate_update_split(in, l, 0.2);
+  EXPECT_EQ(at.cpu_fraction, 0.2);
+  EXPECT_NEAR(at.seconds, 0.8 * 24e9 / 111e9 + 0.2 * 36e9 / 111e9, 1e-12);
+  EXPECT_EQ(at.limit, "host memory");
+  EXPECT_GT(at.seconds, best.seconds);
+  EXPECT_NEAR(evaluate_update_split(in, l, best.cpu_fraction).seconds, best.seconds, 1e-15);
+  EXPECT_EQ(evaluate_update_split(in, l, 0).seconds, best.all_link_seconds);
+  EXPECT_EQ(evaluate_update_split(in, l, 1).seconds, best.all_cpu_seconds);
+  EXPECT_THROW((void)evaluate_update_split(in, l, 1.5), ght::logic_error);
+  // GHT_OPT_CPU_SHARE: a share in [0, 1] as given, -1 for the best one, anything else an error.
+  EXPECT_EQ(resolve_update_cpu_share(0.3, in, l), 0.3);
+  EXPECT_EQ(resolve_update_cpu_share(0, in, l), 0.0);
+  EXPECT_EQ(resolve_update_cpu_share(-1, in, l), best.cpu_fraction);
+  try {
+    (void)resolve_update_cpu_share(-0.5, in, l);
+    ADD_FAILURE() << "expected config_error";
+  } catch (const ght::config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("GHT_OPT_CPU_SHARE"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace ght::tier

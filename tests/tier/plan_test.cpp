@@ -779,4 +779,39 @@ TEST(PlanBudgets, FromTheRegistry) {
 }
 
 }  // namespace
+// ---- the update split's assignment (GHT_OPTIMIZER=split) ---------------------------------------
+
+TEST(UpdateSplitAssignment, PrefixSharesFollowTheTargetAndTheEndsAreExact) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint64_t> size(1, 5'000'000);
+  std::vector<std::uint64_t> params(300);
+  for (auto& p : params) p = size(rng);
+  const std::uint64_t largest = *std::max_element(params.begin(), params.end());
+  for (double f : {0.0, 0.088, 0.25, 0.5, 0.9, 1.0}) {
+    SCOPED_TRACE("share " + std::to_string(f));
+    const std::vector<bool> cpu = assign_update_split(params, f);
+    ASSERT_EQ(cpu.size(), params.size());
+    double total = 0, on_cpu = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      total += static_cast<double>(params[i]);
+      if (cpu[i]) on_cpu += static_cast<double>(params[i]);
+      // Error diffusion: every prefix is within half the largest region of its target.
+      EXPECT_LE(std::abs(on_cpu - f * total), 0.5 * static_cast<double>(largest) + 1e-6) << "prefix " << i;
+    }
+    if (f == 0.0) {
+      EXPECT_EQ(on_cpu, 0.0);
+    }
+    if (f == 1.0) {
+      EXPECT_EQ(on_cpu, total);
+    }
+  }
+  // One region larger than the share stays on the link; ties go to the link too.
+  EXPECT_EQ(assign_update_split({100}, 0.4), std::vector<bool>{false});
+  EXPECT_EQ(assign_update_split({100}, 0.5), std::vector<bool>{false});
+  EXPECT_EQ(assign_update_split({100}, 0.6), std::vector<bool>{true});
+  EXPECT_EQ(assign_update_split({10, 10, 10, 10}, 0.5), (std::vector<bool>{false, true, false, true}));
+  EXPECT_TRUE(assign_update_split({}, 0.3).empty());
+  EXPECT_THROW((void)assign_update_split({1}, 1.5), ght::logic_error);
+}
+
 }  // namespace ght::tier

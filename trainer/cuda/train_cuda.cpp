@@ -76,7 +76,8 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
       case optimizer::PathChoice::gpu_link:
       case optimizer::PathChoice::cpu: options.place = "master=host,adam_*=host"; break;
       case optimizer::PathChoice::device: options.place = "master=hbm,adam_*=hbm"; break;
-      case optimizer::PathChoice::automatic: break;
+      case optimizer::PathChoice::automatic:
+      case optimizer::PathChoice::split: break;  // the plan places the state; split divides the host part
     }
   }
   add_trainer_reservations(options, mc);
@@ -260,8 +261,16 @@ class CudaRun final : public TrainBackend {
   /// Delayed mode: launch every region's update from a thread of its own (the dma path's
   /// launches block on a full queue for most of the update; the next step's must not wait).
   void launch_update_async();
-  /// Wait for the update thread's launches; rethrows its error.
+  /// Exact mode: record the step's opt_end once every region's update is launched, from a
+  /// thread of its own (a cpu region's event exists only once the optimizer's worker recorded it,
+  /// and the next forward must not wait for that on the host).
+  void time_update_async();
+  /// opt_end of `ev` after every region's event (region_event may wait on the host).
+  void record_update_end(StepEvents& ev);
+  /// Wait for the update and timing threads; rethrows their error.
   void join_update();
+  /// Wait for the timing thread alone (done once the next forward has waited for every unit).
+  void join_timer();
   // Data parallel over NCCL (world size > 1): the functions of that section below.
   [[nodiscard]] int select_device(int visible);
   void start_data_parallel();
@@ -335,6 +344,7 @@ class CudaRun final : public TrainBackend {
   __nv_bfloat16* other_w_ = nullptr;       // the pair the model does not use now
   void* other_g_ = nullptr;
   std::future<void> update_;  // the update thread's launches
+  std::future<void> timer_;   // exact mode: records opt_end (time_update_async)
   dist::GpuChoice gpu_choice_;
   // ZeRO-1 (dist.optimizer_state=sharded, world size > 1): the slices of the tensors this rank's
   // optimizer regions hold (every tensor whole otherwise), and the collectives' stream and events.
@@ -548,16 +558,22 @@ void CudaRun::setup() {
     say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): launched from its own thread after each step's "
         "backward, it runs during the next step's forward and backward; second weight and gradient buffers " +
         config::format_bytes(delay_w_.bytes() + delay_g_.bytes()) + " of HBM");
-  } else if (opt_->speculate_capacity() > 0 && !stream_grads_) {
+  } else if ((opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_) {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
-        config::format_bytes(opt_->speculate_capacity()) +
-        " HBM undo arena (GHT_OPT_SPECULATE); a clipped or skipped step undoes them exactly");
+        config::format_bytes(opt_->speculate_capacity()) + " HBM undo arena (gpu_link regions, GHT_OPT_SPECULATE) and a " +
+        config::format_bytes(opt_->speculate_host_capacity()) +
+        " host undo arena (cpu regions, GHT_OPT_SPECULATE_HOST); a clipped or skipped step undoes them exactly");
   } else {
     say(std::string("optimizer: updates start after backward (") +
         (stream_grads_    ? "gradients streamed to the host"
          : data_parallel() ? "data parallel: gradients are final after the all-reduce"
-                           : "no gpu_link region, or GHT_OPT_SPECULATE=0 / no HBM left") +
+                           : "GHT_OPT_SPECULATE / GHT_OPT_SPECULATE_HOST off, or no memory left for them") +
         ")");
+  }
+  if (opt_->split_cpu_share()) {
+    say("optimizer: GHT_OPTIMIZER=split at a CPU share of " + fmt("%.3f", *opt_->split_cpu_share()) +
+        " (GHT_OPT_CPU_SHARE; -1 = the cost model's best): the cpu regions run on the optimizer's worker thread while "
+        "the gpu_link regions launch");
   }
   int rc = 0;
   for (bool b : recompute_) rc += b ? 1 : 0;
@@ -652,6 +668,9 @@ void CudaRun::before_unit_forward(int u) {
       cur_->wait_after[uu].record(s);
       cur_->waited[uu] = true;
     }
+    // Every unit's update is recorded now: the timing thread is done (or nearly), and must be
+    // before this step's speculation hands the worker new jobs for the same regions.
+    if (u == model_->num_units() - 1) join_timer();
   }
   if (training_ && (micro_ == 0 || stream_grads_)) {
     // This unit's gradients were read by the last update (waited for above): clear them now
@@ -681,11 +700,10 @@ void CudaRun::after_unit_backward(int u) {
 void CudaRun::speculate_unit(int u) {
   const auto t0 = std::chrono::steady_clock::now();
   if (tracer_) tracer_->set_op(kOpSpeculate);
+  // Each path has its own undo arena (HBM for gpu_link, host for cpu): one that is full (or off)
+  // returns no_room for its regions and leaves the other path speculating.
   for (std::size_t r : unit_regions_[static_cast<std::size_t>(u)]) {
-    if (opt_->speculate_region(r, step_lr_, model_->stream()) == optimizer::Speculation::no_room) {
-      speculate_now_ = false;  // the undo arena is full for this step
-      break;
-    }
+    (void)opt_->speculate_region(r, step_lr_, model_->stream());
   }
   spec_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -973,8 +991,8 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
   // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
   // Streamed gradients live on the host, where speculate_region cannot use them.
-  speculate_now_ =
-      opt_->speculate_capacity() > 0 && !stream_grads_ && !delay_ && opt_->stats().last_clip_coef == 1.0;
+  speculate_now_ = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ &&
+                   !delay_ && opt_->stats().last_clip_coef == 1.0;
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63). The
@@ -1005,6 +1023,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   speculate_now_ = false;
   cur_->rotated = false;
   if (delay_) rotate_delayed_buffers();
+  join_timer();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
@@ -1014,15 +1033,9 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   if (delay_) {
     launch_update_async();
   } else {
-    for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
-    gather_weights();  // ZeRO-1: every rank's updated part, before the next forward's first use
-    if (gpu_opt) {
-      for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-        GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
-      }
-      cur_->opt_end.record(timer_stream_);
-      cur_->opt_timed = true;
-    }
+    opt_->update_all();  // cpu regions first: the optimizer's worker starts on them at once
+    gather_weights();    // ZeRO-1: every rank's updated part, before the next forward's first use
+    if (gpu_opt) time_update_async();
   }
   opt_launched_ = true;
   const double opt_host_ms =
@@ -1078,23 +1091,39 @@ void CudaRun::rotate_delayed_buffers() {
   }
 }
 
+void CudaRun::record_update_end(StepEvents& ev) {
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+    GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
+  }
+  ev.opt_end.record(timer_stream_);
+}
+
 void CudaRun::launch_update_async() {
   StepEvents* ev = cur_;
   ev->opt_timed = opt_->stream() != nullptr;
   update_ = std::async(std::launch::async, [this, ev] {
     GHT_CUDA_TRY(cudaSetDevice(device_));
-    for (std::size_t r = 0; r < opt_->num_regions(); ++r) opt_->update_region(r);
-    if (ev->opt_timed) {
-      for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-        GHT_CUDA_TRY(cudaStreamWaitEvent(timer_stream_, opt_->region_event(r), 0));
-      }
-      ev->opt_end.record(timer_stream_);
-    }
+    opt_->update_all();
+    if (ev->opt_timed) record_update_end(*ev);
+  });
+}
+
+void CudaRun::time_update_async() {
+  StepEvents* ev = cur_;
+  ev->opt_timed = true;
+  timer_ = std::async(std::launch::async, [this, ev] {
+    GHT_CUDA_TRY(cudaSetDevice(device_));
+    record_update_end(*ev);
   });
 }
 
 void CudaRun::join_update() {
   if (update_.valid()) update_.get();
+  join_timer();
+}
+
+void CudaRun::join_timer() {
+  if (timer_.valid()) timer_.get();
 }
 
 // Every compute-stream event of the step has completed: begin_step waited for them.
