@@ -403,7 +403,12 @@ struct CudaMoEModel::Impl {
     head = cfg.tied_embeddings ? embed : tensors[i++].offset;
     n = static_cast<std::size_t>(cfg.total_params());
 
-    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // The greatest priority: where the optimizer's kernels (created at the lowest, optimizer/
+    // adamw.cpp) and the model's wait for SMs at the same time, the GPU schedules the model's
+    // blocks first, so an update running beside compute takes only the SMs compute leaves idle.
+    int least = 0, greatest = 0;
+    GHT_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    GHT_CUDA_TRY(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
     W = as<bf16>(alloc(n * sizeof(bf16), kWeights, "weights"));
     G = alloc(n * optimizer::grad_type_size(opts.grad_type), kGrads, "gradients");
     GHT_CUDA_TRY(cudaMemsetAsync(W, 0, n * sizeof(bf16), stream));
