@@ -1,9 +1,8 @@
 // Expert GEMM benchmark: every GroupedGemmImpl on the MoE shapes of bench-h200 (and the seed's
 // HARDWARE.md reference shape, and four sweep shapes' layers), against a dense cuBLASLt GEMM
 // with the same total FLOPs measured in the same run. CUTLASS's var-M (data) GEMMs are measured
-// once per tile variant (cutlass[128x128], cutlass[128x256], cutlass[pingpong]; pingpong only
-// where B is transposed) and once as the automatic rule picks (cutlass[auto=...]), so the rule
-// can be checked against measurements. Prints a table last and writes the full results as JSON.
+// once per tile variant (cutlass[128x128], cutlass[128x256]) and once as the automatic rule picks
+// (cutlass[auto=...]), so the rule can be checked against measurements. Prints a table last and writes the full results as JSON.
 //
 //   bench_expert_gemm [--json PATH] [--iters N]
 //
@@ -169,9 +168,7 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
         runs.emplace_back(impl, kc::CutlassTile::automatic);
         continue;
       }
-      for (auto t : {kc::CutlassTile::coop_128x128, kc::CutlassTile::coop_128x256,
-                     kc::CutlassTile::pingpong_128x128, kc::CutlassTile::automatic}) {
-        if (t == kc::CutlassTile::pingpong_128x128 && !c.trans_b) continue;  // not instantiated
+      for (auto t : {kc::CutlassTile::coop_128x128, kc::CutlassTile::coop_128x256, kc::CutlassTile::automatic}) {
         runs.emplace_back(impl, t);
       }
     }

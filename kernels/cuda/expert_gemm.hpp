@@ -87,12 +87,10 @@ struct GroupOffsets {
  * (kernels/cuda/cutlass/). var-K (weight gradients) always runs coop_128x128.
  *   coop_128x128      128x128x64 tiles, cooperative (two consumer warp groups per tile)
  *   coop_128x256      128x256x64 tiles, cooperative: half the A-tile loads per output column
- *   pingpong_128x128  128x128x64 tiles, ping-pong (a warp group per tile, one's epilogue under
- *                     the other's mainloop); trans_b only: B-not-transposed calls asking for it
- *                     run coop_128x128
  *   automatic         choose_cutlass_tile()
+ * (A 128x128 ping-pong variant was measured too and never won: bench/NOTES.md, session 7.)
  */
-enum class CutlassTile : int { automatic = 0, coop_128x128 = 1, coop_128x256 = 2, pingpong_128x128 = 3 };
+enum class CutlassTile : int { automatic = 0, coop_128x128 = 1, coop_128x256 = 2 };
 
 [[nodiscard]] std::string_view to_string(CutlassTile tile) noexcept;
 
@@ -139,15 +137,11 @@ void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, Grou
                   cudaStream_t stream);
 
 /**
- * @brief The tile variant CutlassTile::automatic runs for a var-M call, from the mean rows per
- * expert (offsets.max_rows / groups: the host knows no more), n and k. A first rule, written
- * before any measurement of the variants (bench_expert_gemm reports every one; GHT_CUTLASS_TILE
- * pins one in training):
- *   trans_b and k <= 1024                      pingpong_128x128 (short K: the epilogue is a
- *                                              large share of a tile's time)
- *   n % 256 == 0, n >= 1024, mean rows >= 192  coop_128x256 (no partial N tile; rows enough to
- *                                              fill a second 128-row tile of most experts)
- *   otherwise                                  coop_128x128
+ * @brief The tile variant CutlassTile::automatic runs for a var-M call: coop_128x256. Measured on
+ * the H200 (bench_expert_gemm, 7 MoE shapes x 4 data GEMMs, 2026-12-01), it was the fastest
+ * variant in all 28 cases, including partial N tiles (n = 1600), short K (k = 512, 800) and 100-
+ * to 1,024-row experts: 0.57-1.01 of dense against 0.51-0.84 for coop_128x128. The arguments
+ * stay so that a rule measured on other shapes can use them; GHT_CUTLASS_TILE pins one variant.
  * Never automatic.
  */
 [[nodiscard]] CutlassTile choose_cutlass_tile(const GroupedGemmVarM& args, const GroupOffsets& offsets);

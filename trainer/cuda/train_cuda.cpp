@@ -434,10 +434,9 @@ void CudaRun::setup() {
                                                 : kernels::cuda::default_grouped_gemm_impl();
   mo.fused_kernels = config::cfg().get_bool(config::Key::GHT_FUSED_KERNELS);
   const std::string tile = config::cfg().get_string(config::Key::GHT_CUTLASS_TILE);
-  mo.cutlass_tile = tile == "128x128"    ? kernels::cuda::CutlassTile::coop_128x128
-                    : tile == "128x256"  ? kernels::cuda::CutlassTile::coop_128x256
-                    : tile == "pingpong" ? kernels::cuda::CutlassTile::pingpong_128x128
-                                         : kernels::cuda::CutlassTile::automatic;
+  mo.cutlass_tile = tile == "128x128"   ? kernels::cuda::CutlassTile::coop_128x128
+                    : tile == "128x256" ? kernels::cuda::CutlassTile::coop_128x256
+                                        : kernels::cuda::CutlassTile::automatic;
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();

@@ -36,7 +36,6 @@ void var_m_bt_bf16(const Problem& p, cudaStream_t stream);
 /// The same with 128x256 tiles (cooperative).
 void var_m_bt_bf16_128x256(const Problem& p, cudaStream_t stream);
 /// The same with 128x128 tiles, ping-pong.
-void var_m_bt_bf16_pingpong(const Problem& p, cudaStream_t stream);
 /// var-M, B_e stored (k, n) row-major, bf16 C: 128x128 tiles, cooperative.
 void var_m_bn_bf16(const Problem& p, cudaStream_t stream);
 /// The same with 128x256 tiles (cooperative).
