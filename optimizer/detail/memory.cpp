@@ -1,54 +1,31 @@
 #include "optimizer/detail/memory.hpp"
 
-#include <mutex>
-
 #include "tier/error.hpp"
 
 #ifdef GHT_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/cuda/sm_copy.hpp"
 #include "tier/cuda_check.hpp"
 #endif
 
 namespace ght::optimizer::detail {
 
-namespace {
-struct GpuFacts {
-  bool available = false;
-  bool pageable = false;
-};
-
-const GpuFacts& facts() {
-  static const GpuFacts f = [] {
-    GpuFacts g;
+bool gpu_available() {
+  static const bool available = [] {
 #ifdef GHT_HAVE_CUDA
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
       (void)cudaGetLastError();
-      return g;
+      return false;
     }
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return g;
-    }
-    g.available = true;
-    int pageable = 0;
-    if (cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccessUsesHostPageTables,
-                               dev) == cudaSuccess) {
-      g.pageable = pageable != 0;
-    } else {
-      (void)cudaGetLastError();
-    }
+    return true;
+#else
+    return false;
 #endif
-    return g;
   }();
-  return f;
+  return available;
 }
-}  // namespace
-
-bool gpu_available() { return facts().available; }
-bool gpu_reads_pageable() { return facts().pageable; }
 
 bool is_device_memory(const void* p) {
 #ifdef GHT_HAVE_CUDA
@@ -68,20 +45,7 @@ bool is_device_memory(const void* p) {
 void* device_address(const void* p) {
 #ifdef GHT_HAVE_CUDA
   if (p == nullptr || !gpu_available()) return nullptr;
-  cudaPointerAttributes a{};
-  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    a.type = cudaMemoryTypeUnregistered;
-  }
-  switch (a.type) {
-    case cudaMemoryTypeDevice:
-    case cudaMemoryTypeManaged:
-      return const_cast<void*>(p);
-    case cudaMemoryTypeHost:
-      return a.devicePointer;  // null when the registration is not mapped
-    default:
-      return gpu_reads_pageable() ? const_cast<void*>(p) : nullptr;
-  }
+  return kernels::cuda::mapped_device_pointer(const_cast<void*>(p));  // the one rule (sm_copy.hpp)
 #else
   (void)p;
   return nullptr;

@@ -8,9 +8,6 @@ namespace ght::optimizer::detail {
 /// True when this build has CUDA and a device is usable (checked once).
 bool gpu_available();
 
-/// True when the GPU can read and write plain (pageable) host memory: c2c links.
-bool gpu_reads_pageable();
-
 /// True for device or managed memory (never in a CPU-only build).
 bool is_device_memory(const void* p);
 
