@@ -773,7 +773,13 @@ std::string Plan::format_table(bool explain) const {
   const Prediction& p = prediction_;
   os << "plan: " << regions_.size() << " regions, policy " << to_string(o.policy) << ", link "
      << o.link.name << " (" << to_string(o.link.kind) << ", " << o.link.source << ")\n";
-  if (!o.place.empty()) os << "rules: GHT_PLACE=" << o.place << "\n";
+  if (!o.place.empty()) {
+    if (o.place_origin.empty()) {
+      os << "rules: GHT_PLACE=" << o.place << "\n";
+    } else {
+      os << "rules: " << o.place << " (from " << o.place_origin << ")\n";
+    }
+  }
   os << "budgets: HBM " << gib(o.budgets.hbm) << "  [" << o.budgets.hbm_origin << "]\n"
      << "         host " << gib(o.budgets.host) << "  [" << o.budgets.host_origin << "]\n\n";
 

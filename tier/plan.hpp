@@ -119,6 +119,8 @@ void validate_regions(const std::vector<Region>& regions);
 struct PlanOptions {
   Policy policy = Policy::greedy;
   std::string place;        ///< GHT_PLACE rules (place_rules.hpp)
+  /// Where `place` came from, when not GHT_PLACE (e.g. "GHT_OPTIMIZER=gpu_link"): display only.
+  std::string place_origin;
   Budgets budgets;
   LinkNumbers link;
   double step_flops = 0;    ///< training FLOPs per step (sizes the overlap window)

@@ -207,6 +207,19 @@ std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
 }
 
 void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) {
+  // An explicit optimizer path decides where the state lives (AdamW places it there whatever
+  // the plan says): the plan places it there too, so that what it predicts is what runs.
+  if (options.place.empty() && options.link.kind != ght::LinkKind::none) {
+    const optimizer::PathChoice choice = optimizer::path_choice_from_config();
+    switch (choice) {
+      case optimizer::PathChoice::gpu_link:
+      case optimizer::PathChoice::cpu: options.place = "master=host,adam_*=host"; break;
+      case optimizer::PathChoice::device: options.place = "master=hbm,adam_*=hbm"; break;
+      case optimizer::PathChoice::automatic:
+      case optimizer::PathChoice::split: break;  // the plan places the state; split divides the host part
+    }
+    if (!options.place.empty()) options.place_origin = "GHT_OPTIMIZER=" + std::string(optimizer::to_string(choice));
+  }
   options.recompute_scratch_bytes = activation_sizes(c).recompute_scratch;
   options.delayed_update_hbm_bytes = delayed_update_hbm_bytes(c);
   options.host_state_hbm_bytes = 0;

@@ -81,7 +81,9 @@ inline constexpr int kCudaLossSlots = 64;
 /// The CUDA trainer's fixed HBM costs, set in `options`: delayed_update_hbm_bytes (always, when
 /// GHT_OPT_DELAY is on), host_state_hbm_bytes (the optimizer's dma slots while any master/m/v region is on the host,
 /// when GHT_OPT_LINK_MODE resolves to dma) and recompute_scratch_bytes (one layer's buffers while
-/// any layer is recomputed). `ght plan` and `ght train` both call it, so they plan alike.
+/// any layer is recomputed); and, when GHT_PLACE is empty and there is a GPU link, the state's
+/// tier that an explicit GHT_OPTIMIZER path implies (gpu_link, cpu: host; device: HBM), since
+/// AdamW places it there. `ght plan` and `ght train` both call it, so they plan alike.
 void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg);
 
 /// The element type of the gradients the CUDA trainer accumulates in HBM (GHT_GRAD_ACCUM): what

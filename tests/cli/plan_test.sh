@@ -146,6 +146,20 @@ expect_in "$TMP/err.txt" "--ranks: Value 0 not in range 1 to 65536"
 "$GHT" plan --regions "$TMP/regions.json" --ranks 2 >/dev/null 2>"$TMP/err.txt" && fail "--ranks with --regions accepted"
 expect_in "$TMP/err.txt" "--ranks applies to a model"
 
+# An explicit GHT_OPTIMIZER path places the state in the plan as ght train's AdamW does (the
+# greedy plan would keep tiny's state in HBM on pcie5); GHT_PLACE, when given, wins.
+if GHT_OPTIMIZER=gpu_link "$GHT" plan --model tiny --profile pcie5 >"$TMP/opt.txt" 2>"$TMP/err.txt"; then
+  expect_in "$TMP/opt.txt" "rules: master=host,adam_*=host (from GHT_OPTIMIZER=gpu_link)"
+  if grep -E '^[a-z_]+ +(master|adam_m|adam_v) +hbm' "$TMP/opt.txt" >/dev/null; then fail "GHT_OPTIMIZER=gpu_link: state in HBM"; fi
+else
+  fail "GHT_OPTIMIZER=gpu_link ght plan: $(cat "$TMP/err.txt")"
+fi
+"$GHT" plan --model tiny --profile pcie5 >"$TMP/auto.txt" 2>&1 || fail "ght plan --profile pcie5"
+if grep -E '^[a-z_]+ +(master|adam_m|adam_v) +host' "$TMP/auto.txt" >/dev/null; then fail "auto: tiny's state on the host"; fi
+GHT_OPTIMIZER=gpu_link GHT_PLACE="master=hbm" "$GHT" plan --model tiny --profile pcie5 >"$TMP/opt2.txt" 2>&1 ||
+  fail "GHT_OPTIMIZER with GHT_PLACE"
+expect_in "$TMP/opt2.txt" "rules: GHT_PLACE=master=hbm"
+
 if [ "$failures" -ne 0 ]; then
   echo "$failures failure(s)" >&2
   exit 1

@@ -69,17 +69,6 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
   auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
   options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
   options.budgets.host = planned(a.report(TierKind::host).budget);
-  // An explicit optimizer path decides where the state lives (AdamW places it there whatever
-  // the plan says): the plan then places it there too, so that what it predicts is what runs.
-  if (options.place.empty()) {
-    switch (optimizer::path_choice_from_config()) {
-      case optimizer::PathChoice::gpu_link:
-      case optimizer::PathChoice::cpu: options.place = "master=host,adam_*=host"; break;
-      case optimizer::PathChoice::device: options.place = "master=hbm,adam_*=hbm"; break;
-      case optimizer::PathChoice::automatic:
-      case optimizer::PathChoice::split: break;  // the plan places the state; split divides the host part
-    }
-  }
   add_trainer_reservations(options, mc);
   return tier::make_plan(model_regions(mc, {}, ranks), options);
 }
