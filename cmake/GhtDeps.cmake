@@ -58,6 +58,20 @@ if(GHT_HAVE_CUDA)
   message(STATUS "ghtier: cuDNN ${GHT_HAVE_CUDNN} (${CUDNN_LIBRARY})")
 endif()
 
+# ght_python_dir(OUT CODE): the directory python3 prints for CODE (a package's location, asked of
+# an installed Python package without building anything), appended to the list OUT; nothing when
+# there is no python3 or CODE fails (the package is not installed).
+function(ght_python_dir out code)
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  if(Python3_Interpreter_FOUND)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c "${code}" OUTPUT_VARIABLE dir
+                    OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(dir)
+      set(${out} ${${out}} ${dir} PARENT_SCOPE)
+    endif()
+  endif()
+endfunction()
+
 # CUTLASS (optional, header-only): the sm90 grouped GEMM of the MoE experts (kernels/cuda/cutlass).
 # Looked for in GHT_CUTLASS_DIR, then $CUTLASS_INCLUDE_DIR (.deps/env.sh on the GPU machine), then
 # .pydeps/ (scripts/install-deps.sh installs the nvidia-cutlass wheel there), then an installed
@@ -68,13 +82,8 @@ set(GHT_HAVE_CUTLASS OFF)
 if(GHT_WITH_CUTLASS AND GHT_HAVE_CUDA AND ("90" IN_LIST GHT_CUDA_ARCH OR "90a" IN_LIST GHT_CUDA_ARCH))
   set(_ght_cutlass_hints ${GHT_CUTLASS_DIR} $ENV{CUTLASS_INCLUDE_DIR}
       ${PROJECT_SOURCE_DIR}/.pydeps/cutlass_library/source/include)
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_Interpreter_FOUND)
-    execute_process(COMMAND ${Python3_EXECUTABLE} -c
-                    "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
-                    OUTPUT_VARIABLE _ght_cutlass_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    list(APPEND _ght_cutlass_hints ${_ght_cutlass_py})
-  endif()
+  ght_python_dir(_ght_cutlass_hints
+                 "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))")
   find_path(GHT_CUTLASS_INCLUDE cutlass/gemm/kernel/sm90_gemm_array_tma_warpspecialized_cooperative.hpp
             HINTS ${_ght_cutlass_hints} NO_DEFAULT_PATH)
   if(GHT_CUTLASS_INCLUDE)
@@ -95,13 +104,8 @@ set(GHT_HAVE_CUDNN_FRONTEND OFF)
 if(GHT_WITH_CUDNN_FRONTEND AND GHT_HAVE_CUDA AND GHT_HAVE_CUDNN)
   set(_ght_cfe_hints ${GHT_CUDNN_FRONTEND_DIR} $ENV{CUDNN_FRONTEND_INCLUDE_DIR}
       ${PROJECT_SOURCE_DIR}/.pydeps/cudnn_frontend/include)
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_Interpreter_FOUND)
-    execute_process(COMMAND ${Python3_EXECUTABLE} -c
-                    "import importlib.util, os; s = importlib.util.find_spec('cudnn'); print(os.path.join(os.path.dirname(os.path.dirname(s.origin)), 'include'))"
-                    OUTPUT_VARIABLE _ght_cfe_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    list(APPEND _ght_cfe_hints ${_ght_cfe_py})
-  endif()
+  ght_python_dir(_ght_cfe_hints
+                 "import importlib.util, os; s = importlib.util.find_spec('cudnn'); print(os.path.join(os.path.dirname(os.path.dirname(s.origin)), 'include'))")
   find_path(GHT_CUDNN_FRONTEND_INCLUDE cudnn_frontend/graph_interface.h HINTS ${_ght_cfe_hints} NO_DEFAULT_PATH)
   if(GHT_CUDNN_FRONTEND_INCLUDE)
     file(STRINGS ${GHT_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend_version.h _ght_cfe_v
@@ -129,13 +133,8 @@ set(GHT_HAVE_NCCL OFF)
 if(GHT_WITH_NCCL AND GHT_HAVE_CUDA)
   set(_ght_nccl_hints ${GHT_NCCL_DIR} $ENV{NCCL_HOME} $ENV{NCCL_ROOT})
   set(_ght_nccl_late ${PROJECT_SOURCE_DIR}/.pydeps/nvidia/nccl)
-  find_package(Python3 COMPONENTS Interpreter QUIET)
-  if(Python3_Interpreter_FOUND)
-    # nvidia.nccl is a namespace package: no __file__, its directory is __path__[0].
-    execute_process(COMMAND ${Python3_EXECUTABLE} -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
-                    OUTPUT_VARIABLE _ght_nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-    list(APPEND _ght_nccl_late ${_ght_nccl_py})
-  endif()
+  # nvidia.nccl is a namespace package: no __file__, its directory is __path__[0].
+  ght_python_dir(_ght_nccl_late "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])")
   # Hints first (explicit choices), then the system and the CUDA toolkit, then the wheels.
   find_path(GHT_NCCL_INCLUDE_DIR nccl.h HINTS ${_ght_nccl_hints} PATH_SUFFIXES include
             PATHS ${CUDAToolkit_INCLUDE_DIRS} ${_ght_nccl_late})
