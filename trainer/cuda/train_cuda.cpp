@@ -271,6 +271,10 @@ class CudaRun final : public TrainBackend {
   void gather_weights();
   void measure_comm(StepProfile& p) const;
   [[nodiscard]] bool data_parallel() const noexcept { return gpu_comm_ != nullptr; }
+  /// The element type of the model's gradient buffer, for its collectives.
+  [[nodiscard]] dist::GpuType grad_gpu_type() const {
+    return model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
+  }
   /// ZeRO-1: data parallel (not DiLoCo) with dist.optimizer_state=sharded.
   [[nodiscard]] bool zero1() const noexcept { return data_parallel() && cfg_.dist.sharded() && !cfg_.diloco.on(); }
   void before_unit_forward(int u);
@@ -805,7 +809,7 @@ void CudaRun::reduce_gradients() {
     }
     return;
   }
-  const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
+  const dist::GpuType t = grad_gpu_type();
   gpu_comm_->allreduce(model_->grads(), model_->num_params(), t, dist::GpuReduce::avg, s);
   gpu_comm_->wait(s);
 }
@@ -821,7 +825,7 @@ void CudaRun::reduce_unit(int u) {
   const std::size_t a = l.buckets()[b].begin, n = l.buckets()[b].size(), q = l.even(b);
   const auto ranks = static_cast<std::size_t>(l.ranks()), me = static_cast<std::size_t>(shards_->rank());
   const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
-  const auto t = model_->grad_type() == optimizer::GradType::bf16 ? dist::GpuType::bf16 : dist::GpuType::f32;
+  const dist::GpuType t = grad_gpu_type();
   auto* g = static_cast<char*>(model_->grads());
   zev_->grads_final[b].record(model_->stream());
   GHT_CUDA_TRY(cudaStreamWaitEvent(comm_stream_, zev_->grads_final[b].get(), 0));
