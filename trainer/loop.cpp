@@ -122,13 +122,17 @@ std::optional<nlohmann::ordered_json> outer_work(TrainBackend& be, Diloco& d, co
     j["allreduce_seconds"] = d.outer.last_allreduce_seconds();
     return j;
   };
-  const std::vector<std::size_t> every = all_tensors(be);
-  if (!cfg.diloco.streaming()) {
-    if (!d.outer.due(step, cfg.steps)) return std::nullopt;
+  // The whole model's outer step: every θ_local in, θ_global out.
+  auto whole_step = [&] {
+    const std::vector<std::size_t> every = all_tensors(be);
     gather_local(be, d, every);
     const double norm = d.outer.step();
     scatter(be, d, d.outer.global(), every);
     return record(norm, std::nullopt);
+  };
+  if (!cfg.diloco.streaming()) {
+    if (!d.outer.due(step, cfg.steps)) return std::nullopt;
+    return whole_step();
   }
   const OuterDue due = d.outer.due_streaming(step, cfg.steps);
   std::optional<nlohmann::ordered_json> out;
@@ -143,12 +147,7 @@ std::optional<nlohmann::ordered_json> outer_work(TrainBackend& be, Diloco& d, co
     scatter(be, d, d.outer.local(), f);
     out = record(norm, *due.apply);
   }
-  if (due.full) {
-    gather_local(be, d, every);
-    const double norm = d.outer.step();
-    scatter(be, d, d.outer.global(), every);
-    out = record(norm, std::nullopt);  // the closing step's record (a fragment's applied just before goes unlogged)
-  }
+  if (due.full) out = whole_step();  // the closing step's record (a fragment's applied just before goes unlogged)
   d.outer.progress();
   return out;
 }
