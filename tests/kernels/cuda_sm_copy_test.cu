@@ -45,7 +45,9 @@ TEST(CudaSmCopy, MatchesMemcpyInEveryDirectionAndAlignment) {
       const std::vector<unsigned char> fill = random_bytes(kCap, seed++);
       // host (mapped) -> device a
       std::memcpy(pinned + off, src.data(), bytes);
-      GHT_CUDA_TRY(cudaMemcpy(a, fill.data(), kCap, cudaMemcpyHostToDevice));
+      // On s: a pageable cudaMemcpy may return before its DMA lands, and s does not wait for the
+      // legacy stream, so a synchronous fill raced the copy below (seen under ctest -j8).
+      GHT_CUDA_TRY(cudaMemcpyAsync(a, fill.data(), kCap, cudaMemcpyHostToDevice, s));
       kc::sm_copy(a + off, pinned_dev + off, bytes, s);
       // device a -> device b
       GHT_CUDA_TRY(cudaMemcpyAsync(b, fill.data(), kCap, cudaMemcpyHostToDevice, s));

@@ -206,7 +206,9 @@ __global__ void spin_until(const volatile int* flag, unsigned long long max_ns) 
 TEST(GpuComm, WaitPastTheDeadlineThrowsAndAborts) {
   REQUIRE_NCCL();
   const auto cpu = make_single_communicator();
-  const auto g = one_rank(*cpu, 1.0);  // the deadline; the spinning stream never meets it
+  // The deadline bounds the communicator's own set-up too, so it leaves room for a loaded machine
+  // (1 s did not: under ctest -j8 on the H200 the init alone took longer).
+  const auto g = one_rank(*cpu, 4.0);  // the spinning stream never meets it
   Stream s;
   DeviceBuf<float> d(256);
   d.put(random_floats(256, 7));
@@ -217,7 +219,7 @@ TEST(GpuComm, WaitPastTheDeadlineThrowsAndAborts) {
   int* dflag = nullptr;
   GHT_CUDA_TRY(cudaHostGetDevicePointer(&dflag, flag, 0));
   g->wait(s.s);  // the completed allreduce: returns normally
-  spin_until<<<1, 1, 0, s.s>>>(dflag, 8'000'000'000ull);  // 8 s against the 1 s deadline
+  spin_until<<<1, 1, 0, s.s>>>(dflag, 12'000'000'000ull);  // 12 s against the 4 s deadline
   GHT_CUDA_TRY(cudaGetLastError());
   std::string msg;
   bool timed_out = false;
