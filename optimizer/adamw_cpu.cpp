@@ -39,6 +39,8 @@ StepScalars make_step_scalars(const AdamWHyper& h, double lr, std::int64_t step,
   k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   k.decay = static_cast<float>(decay ? 1.0 - lr * h.weight_decay : 1.0);
   k.grad_scale = static_cast<float>(grad_scale);
+  GHT_EXPECTS(std::isfinite(h.weight_extrapolation), "AdamW weight extrapolation must be finite");
+  k.extrapolate = static_cast<float>(h.weight_extrapolation);
   k.step = static_cast<std::uint64_t>(step);
   return k;
 }
@@ -83,7 +85,11 @@ inline void store_moments(std::uint16_t* m, std::uint16_t* v, std::size_t i, flo
   v[i] = float_to_bf16_bits_sr(vi, round_bits(stream, first + i));
 }
 
-template <typename G, typename S, bool kWeight>
+// What the compute weight is written as: W::none (no weight), W::plain (bf16 of p), W::predict
+// (bf16 of p extrapolated by k.extrapolate of this update; the same fp32 operations as the GPU).
+enum class W { none, plain, predict };
+
+template <typename G, typename S, W kWeight>
 void adamw_range(float* __restrict master, S* __restrict m, S* __restrict v,
                  const G* __restrict g, std::uint16_t* __restrict w, std::size_t n,
                  const StepScalars k, std::uint64_t stream, std::uint64_t first) {
@@ -93,14 +99,16 @@ void adamw_range(float* __restrict master, S* __restrict m, S* __restrict v,
     const float mi = k.beta1 * load_state(m, i) + k.one_minus_beta1 * gi;
     const float vi = k.beta2 * load_state(v, i) + k.one_minus_beta2 * (gi * gi);
     const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
-    const float p = master[i] * k.decay - k.step_size * (mi / denom);
+    const float before = master[i];
+    const float p = before * k.decay - k.step_size * (mi / denom);
     store_moments(m, v, i, mi, vi, stream, first);
     master[i] = p;
-    if constexpr (kWeight) w[i] = float_to_bf16_bits(p);
+    if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
+    if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
   }
 }
 
-template <typename G, typename S, bool kWeight>
+template <typename G, typename S, W kWeight>
 void adamw_team(const AdamWSpan& s, const StepScalars& k, int threads) {
   const G* g = static_cast<const G*>(s.grad);
   auto* m = static_cast<S*>(s.m);
@@ -111,15 +119,16 @@ void adamw_team(const AdamWSpan& s, const StepScalars& k, int threads) {
     const Range r = thread_range(s.n, tid, nt);
     if (r.end <= r.begin) return;
     adamw_range<G, S, kWeight>(s.master + r.begin, m + r.begin, v + r.begin, g + r.begin,
-                               kWeight ? w + r.begin : nullptr, r.end - r.begin, k, stream,
+                               kWeight != W::none ? w + r.begin : nullptr, r.end - r.begin, k, stream,
                                s.first + r.begin);
   });
 }
 
 template <typename G, typename S>
 void adamw_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
-  if (s.weight) adamw_team<G, S, true>(s, k, threads);
-  else adamw_team<G, S, false>(s, k, threads);
+  if (!s.weight) adamw_team<G, S, W::none>(s, k, threads);
+  else if (k.extrapolate != 0) adamw_team<G, S, W::predict>(s, k, threads);
+  else adamw_team<G, S, W::plain>(s, k, threads);
 }
 
 // Below this many elements a parallel region costs more than it saves.

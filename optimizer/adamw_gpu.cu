@@ -119,6 +119,13 @@ __device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float g,
   }
 }
 
+// The compute weight: bf16 of p, or with k.extrapolate ≠ 0 of p + x·(p − before), each
+// operation rounded on its own as in adamw_cpu (-ffp-contract=off). A uniform branch.
+__device__ __forceinline__ unsigned weight_bits(float p, float before, const StepScalars& k) {
+  if (k.extrapolate != 0.0f) p = __fadd_rn(p, __fmul_rn(k.extrapolate, __fsub_rn(p, before)));
+  return bf16_bits(p);
+}
+
 template <typename G, typename S, bool kWeight>
 __global__ void __launch_bounds__(kThreads)
     adamw_vec8_kernel(float* __restrict__ master, S* __restrict__ m, S* __restrict__ v,
@@ -134,17 +141,21 @@ __global__ void __launch_bounds__(kThreads)
     load8_state(m + e, mm);
     load8_state(v + e, vv);
     load8_grad(grad + e, g);
+    float before[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) adam_elem<S>(p[j], mm[j], vv[j], g[j], k);
+    for (int j = 0; j < 8; ++j) {
+      before[j] = p[j];
+      adam_elem<S>(p[j], mm[j], vv[j], g[j], k);
+    }
     store8(master + e, p);
     store8_moments(m + e, v + e, mm, vv, stream, first + e);
     if constexpr (kWeight) {
-      uint4 out;
-      out.x = bf16_bits(p[0]) | (bf16_bits(p[1]) << 16);
-      out.y = bf16_bits(p[2]) | (bf16_bits(p[3]) << 16);
-      out.z = bf16_bits(p[4]) | (bf16_bits(p[5]) << 16);
-      out.w = bf16_bits(p[6]) | (bf16_bits(p[7]) << 16);
-      *reinterpret_cast<uint4*>(weight + e) = out;
+      unsigned o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[j] = weight_bits(p[2 * j], before[2 * j], k) | (weight_bits(p[2 * j + 1], before[2 * j + 1], k) << 16);
+      }
+      *reinterpret_cast<uint4*>(weight + e) = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }
 }
@@ -159,10 +170,11 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     float p = master[i], mi = load1_state(m, i), vi = load1_state(v, i);
+    const float before = p;
     adam_elem<S>(p, mi, vi, load1_grad(grad, i), k);
     master[i] = p;
     store1_moments(m, v, i, mi, vi, stream, first + i);
-    if constexpr (kWeight) weight[i] = static_cast<std::uint16_t>(bf16_bits(p));
+    if constexpr (kWeight) weight[i] = static_cast<std::uint16_t>(weight_bits(p, before, k));
   }
 }
 

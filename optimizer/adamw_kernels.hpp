@@ -10,6 +10,9 @@
  *   p  = p·(1 − lr·wd)                          (wd = 0 for regions without weight decay)
  *   p  = p − (lr / (1−β1^t)) · m / (sqrt(v)/sqrt(1−β2^t) + ε)
  *   w  = bf16_rn(p)                             (compute weight, written when a target is given)
+ *   w  = bf16_rn(p + x·(p − p_before))          with weight extrapolation x ≠ 0 (the delayed
+ *                                               update's weight prediction: the weights one more
+ *                                               update of this size ahead; master stays p)
  * The per-step constants are folded once per step in double (make_step_scalars); the element
  * loops run in fp32.
  *
@@ -99,6 +102,10 @@ struct AdamWHyper {
   double eps = 1e-8;
   double weight_decay = 0.1;   ///< decoupled; applied only to regions flagged for decay
   double max_grad_norm = 1.0;  ///< global-norm clipping threshold; <= 0 disables clipping
+  /// The compute weight written is bf16(p + x·(p − p_before)) instead of bf16(p): x = 1 predicts
+  /// the weights after one more update like this one (GHT_OPT_DELAY_PREDICT, for the one-step-
+  /// delayed update, trainer/README.md). Master, m and v do not depend on it. 0: bf16(p).
+  double weight_extrapolation = 0;
 };
 
 /// The constants of one step for one region, as the element loops consume them.
@@ -110,6 +117,7 @@ struct StepScalars {
   float inv_sqrt_bc2 = 0;  ///< 1 / sqrt(1 − β2^t)
   float decay = 1;         ///< 1 − lr·wd, or 1 without weight decay
   float grad_scale = 1;    ///< clip coefficient
+  float extrapolate = 0;   ///< AdamWHyper::weight_extrapolation
   std::uint64_t step = 0;  ///< t: the bf16-state rounding stream's step
 };
 

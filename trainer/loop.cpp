@@ -13,6 +13,7 @@
 #include "trainer/diloco.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/metrics_log.hpp"
+#include "trainer/regions.hpp"
 #include "trainer/signals.hpp"
 #include "trainer/zero.hpp"
 
@@ -77,8 +78,12 @@ struct Diloco {
 constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
 // Streaming DiLoCo: the summed pseudo-gradients of the fragment in flight at the checkpoint.
 constexpr const char* kPendingFile = "diloco.pending.safetensors";
-// GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master).
-constexpr const char* kComputeWeightsFile = "delayed.compute_weights.safetensors";
+// GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master), and with
+// a weight prediction (GHT_OPT_DELAY_PREDICT ≠ 0) also those of the step after it, which the
+// update in flight at the checkpoint wrote (without one they are master's).
+constexpr const char* kComputeWeightsFiles[2] = {"delayed.compute_weights.safetensors",
+                                                 "delayed.next_compute_weights.safetensors"};
+int compute_weight_files() { return delay_weight_extrapolation() != 0 ? 2 : 1; }
 constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
 std::string shard_file(int rank) {
   char buf[48];
@@ -288,15 +293,19 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
                    {"delayed_update", be.delayed_update()}};
     if (be.delayed_update()) {
       v.extra_files = [&be, &ts](const std::string& staging) {
-        std::vector<FloatBuffer> w;
-        std::vector<CheckpointTensorView> views;
-        w.reserve(ts.size());
-        for (std::size_t r = 0; r < ts.size(); ++r) {
-          FloatBuffer& b = w.emplace_back(ts[r].numel);
-          be.read_compute_weights(r, std::span<float>(b.data(), b.size()));
-          views.push_back({ts[r].name, ts[r].shape, std::span<const float>(b.data(), b.size())});
+        std::vector<CheckpointFile> files;
+        for (int ahead = 0; ahead < compute_weight_files(); ++ahead) {
+          std::vector<FloatBuffer> w;
+          std::vector<CheckpointTensorView> views;
+          w.reserve(ts.size());
+          for (std::size_t r = 0; r < ts.size(); ++r) {
+            FloatBuffer& b = w.emplace_back(ts[r].numel);
+            be.read_compute_weights(r, ahead, std::span<float>(b.data(), b.size()));
+            views.push_back({ts[r].name, ts[r].shape, std::span<const float>(b.data(), b.size())});
+          }
+          files.push_back(write_tensor_file(staging, kComputeWeightsFiles[ahead], views, {{"format", "pt"}}));
         }
-        return std::vector<CheckpointFile>{write_tensor_file(staging, kComputeWeightsFile, views, {{"format", "pt"}})};
+        return files;
       };
     }
     const std::string dir = save(s.cfg.out, step, v);
@@ -398,12 +407,13 @@ void restore_diloco(TrainBackend& be, const TrainSession& s, const LoadedCheckpo
   }
 }
 
-// Delayed mode: the next step computes with the weights the checkpoint kept for it. A checkpoint
-// of exact mode has none: the first step after the resume then computes with master, as the
-// first step of a fresh run does (the delay starts over). Exact mode ignores them: it computes
-// with master.
+// Delayed mode: the next step (and with a weight prediction the one after) computes with the
+// weights the checkpoint kept for it. A checkpoint of exact mode has none: the first step after
+// the resume then computes with master, as the first step of a fresh run does (the delay starts
+// over); one without the second file: the step after computes with master. Exact mode ignores
+// them: it computes with master.
 void restore_compute_weights(TrainBackend& be, const TrainSession& s, const LoadedCheckpoint& ck) {
-  const auto it = ck.data.tensor_files.find(kComputeWeightsFile);
+  const auto it = ck.data.tensor_files.find(kComputeWeightsFiles[0]);
   if (!be.delayed_update()) {
     if (ck.data.optimizer.value("delayed_update", false)) {
       s.say("note: checkpoint " + ck.dir + " was written with GHT_OPT_DELAY=1; this run updates exactly and computes "
@@ -417,13 +427,22 @@ void restore_compute_weights(TrainBackend& be, const TrainSession& s, const Load
     return;
   }
   const auto& ts = be.tensors();
-  const CheckpointTensorFile& f = it->second;
-  GHT_EXPECTS(f.tensors.size() == ts.size(), "checkpoint " + ck.dir + ": " + kComputeWeightsFile + " holds " +
-                                                 std::to_string(f.tensors.size()) + " tensors; the model has " +
-                                                 std::to_string(ts.size()));
-  for (std::size_t r = 0; r < ts.size(); ++r) {
-    check_tensor(ck.dir, kComputeWeightsFile, f.tensors[r], ts[r]);
-    be.load_compute_weights(r, std::span<const float>(f.tensors[r].data.data(), f.tensors[r].data.size()));
+  for (int ahead = 0; ahead < compute_weight_files(); ++ahead) {
+    const char* name = kComputeWeightsFiles[ahead];
+    const auto f = ck.data.tensor_files.find(name);
+    if (f == ck.data.tensor_files.end()) {  // ahead 1 only: the first is there (above)
+      s.say("note: checkpoint " + ck.dir + " was written without GHT_OPT_DELAY_PREDICT: the second step after the "
+            "resume computes with its master weights, not with a prediction");
+      continue;
+    }
+    GHT_EXPECTS(f->second.tensors.size() == ts.size(), "checkpoint " + ck.dir + ": " + name + " holds " +
+                                                           std::to_string(f->second.tensors.size()) +
+                                                           " tensors; the model has " + std::to_string(ts.size()));
+    for (std::size_t r = 0; r < ts.size(); ++r) {
+      const auto& t = f->second.tensors[r];
+      check_tensor(ck.dir, name, t, ts[r]);
+      be.load_compute_weights(r, ahead, std::span<const float>(t.data.data(), t.data.size()));
+    }
   }
 }
 
@@ -643,9 +662,13 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
       }
     }
     if (be.delayed_update()) {
-      lo.tensor_files.push_back(kComputeWeightsFile);
-      s.say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights after update "
-            "k-1 while update k runs; evals see those weights, checkpoints keep them next to master");
+      for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
+      char x[64];
+      std::snprintf(x, sizeof x, "%g", delay_weight_extrapolation());
+      s.say(std::string("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights "
+                        "after update k-1, extrapolated by ") +
+            x + " of that update (GHT_OPT_DELAY_PREDICT), while update k runs; evals see those weights, checkpoints "
+            "keep them next to master");
     }
     // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
     SliceAssembler za(be.tensors(), optimizer_slices(be));
@@ -784,11 +807,11 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
   return summary;
 }
 
-void TrainBackend::read_compute_weights(std::size_t /*r*/, std::span<float> /*out*/) {
+void TrainBackend::read_compute_weights(std::size_t /*r*/, int /*ahead*/, std::span<float> /*out*/) {
   throw ght::logic_error("the " + name() + " backend has no delayed update (GHT_OPT_DELAY)");
 }
 
-void TrainBackend::load_compute_weights(std::size_t /*r*/, std::span<const float> /*w*/) {
+void TrainBackend::load_compute_weights(std::size_t /*r*/, int /*ahead*/, std::span<const float> /*w*/) {
   throw ght::logic_error("the " + name() + " backend has no delayed update (GHT_OPT_DELAY)");
 }
 

@@ -122,14 +122,16 @@ class TrainBackend {
   /**
    * @brief GHT_OPT_DELAY=1, the one-step-delayed update: the update of step k is applied to what
    * the model computes with only after step k+1's forward and backward, so step k+1 computes
-   * with the weights after update k-1. Checkpoints then also keep those compute weights, and a
-   * resume restores them after load_weights (read_compute_weights, load_compute_weights).
+   * with the weights after update k-1 (extrapolated by GHT_OPT_DELAY_PREDICT of that update).
+   * Checkpoints then also keep those compute weights, and a resume restores them after
+   * load_weights (read_compute_weights, load_compute_weights).
    */
   [[nodiscard]] virtual bool delayed_update() const { return false; }
-  /// Delayed mode: tensor r's weights as the next step computes with them, as fp32.
-  virtual void read_compute_weights(std::size_t r, std::span<float> out);
-  /// Delayed mode, on resume after load_weights(r, master): tensor r's weights for the next step.
-  virtual void load_compute_weights(std::size_t r, std::span<const float> w);
+  /// Delayed mode: tensor r's weights as the step `ahead` steps after the next one computes with
+  /// them, as fp32: ahead 0 is the next step, 1 the one after (the update in flight writes those).
+  virtual void read_compute_weights(std::size_t r, int ahead, std::span<float> out);
+  /// Delayed mode, on resume after load_weights(r, master): tensor r's weights for that step.
+  virtual void load_compute_weights(std::size_t r, int ahead, std::span<const float> w);
   /**
    * @brief One optimizer step: grad_accum micro-batches from `data`, forward and backward, then
    * the update at `lr`. `step` is the number of steps completed before this one. With N ranks,

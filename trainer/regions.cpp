@@ -308,6 +308,10 @@ optimizer::GradType hbm_grad_type() {
 
 bool delayed_update() { return config::cfg().get_bool(config::Key::GHT_OPT_DELAY); }
 
+double delay_weight_extrapolation() {
+  return delayed_update() ? config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) : 0.0;
+}
+
 std::uint64_t delayed_update_hbm_bytes(const ModelConfig& c) {
   if (!delayed_update()) return 0;
   const std::uint64_t params = static_cast<std::uint64_t>(c.total_params());

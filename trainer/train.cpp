@@ -51,6 +51,7 @@ class CpuBackend final : public TrainBackend {
                                               comm_.rank());
     }
     slices_ = shards_ ? shards_->slices() : whole_tensors(model_.tensors());
+    if (delay_) next_.resize(model_.params().size());
     // The run's allocator: the optimizer state is placed and counted there (GHT_HOST_BUDGET,
     // GHT_ALLOC_LOG). The fp32 reference model keeps its own vectors.
     opt_ = std::make_unique<optimizer::AdamW>(make_regions(), adam_options(), alloc_);
@@ -87,19 +88,27 @@ class CpuBackend final : public TrainBackend {
   void init_weights(std::uint64_t seed) override {
     model_.init(seed);
     for (std::size_t r = 0; r < slices_.size(); ++r) opt_->load_state(r, param_of(r), nullptr, nullptr);
+    if (delay_) std::copy(model_.params().begin(), model_.params().end(), next_.begin());
   }
 
   void load_weights(std::size_t r, std::span<const float> w) override {
     std::copy(w.begin(), w.end(), model_.params().begin() + tensors()[r].offset);
+    if (delay_) std::copy(w.begin(), w.end(), next_.begin() + static_cast<std::ptrdiff_t>(tensors()[r].offset));
   }
 
-  // Delayed mode: the model's fp32 parameters are the compute weights (master one update ahead).
+  // Delayed mode: the model's fp32 parameters are the next step's compute weights, next_ those of
+  // the step after (the CUDA backend's two weight buffers; master is one update ahead of next_).
   [[nodiscard]] bool delayed_update() const override { return delay_; }
-  void read_compute_weights(std::size_t r, std::span<float> out) override {
-    const auto p = model_.params().subspan(tensors()[r].offset, tensors()[r].numel);
+  void read_compute_weights(std::size_t r, int ahead, std::span<float> out) override {
+    const std::span<const float> p = compute_weights(r, ahead);
     std::copy(p.begin(), p.end(), out.begin());
   }
-  void load_compute_weights(std::size_t r, std::span<const float> w) override { load_weights(r, w); }
+  void load_compute_weights(std::size_t r, int ahead, std::span<const float> w) override {
+    const std::span<float> p = compute_weights(r, ahead);
+    GHT_EXPECTS(w.size() == p.size(), "load_compute_weights: " + std::to_string(w.size()) + " values for " +
+                                          tensors()[r].name);
+    std::copy(w.begin(), w.end(), p.begin());
+  }
 
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
     (void)step;
@@ -133,10 +142,12 @@ class CpuBackend final : public TrainBackend {
     }
     // Norm, clip and update (data parallel: the same on every rank, the same gradients and
     // state); the model computes on the fp32 master copy itself: after this update in exact
-    // mode, before it in delayed mode (the next step then computes with master after update
-    // k-1; the CPU has nothing to overlap, the semantics are the CUDA backend's).
-    if (delay_) copy_master_to_params();
-    const optimizer::StepResult sr = opt_->step(lr);
+    // mode; in delayed mode the next step computes with what update k-1 left in next_ (master
+    // after it, extrapolated by GHT_OPT_DELAY_PREDICT), and this update leaves the weights of
+    // the step after in next_ (the CPU has nothing to overlap, the semantics are the CUDA
+    // backend's).
+    if (delay_) std::copy(next_.begin(), next_.end(), model_.params().begin());
+    const optimizer::StepResult sr = delay_ ? delayed_step(lr) : opt_->step(lr);
     if (!delay_) copy_master_to_params();
     o.grad_norm = sr.grad_norm;
     if (N > 1 && local) {  // the record shows the means over the workers
@@ -189,6 +200,32 @@ class CpuBackend final : public TrainBackend {
     return model_.params().data() + model_.tensors()[slices_[r].tensor].offset + slices_[r].first;
   }
 
+  // Delayed mode (never sharded): the update, and next_ = master after it extrapolated by x of it,
+  // p + x·(p − p_before), in the fp32 operations the AdamW kernels use for the bf16 weight.
+  optimizer::StepResult delayed_step(double lr) {
+    const float x = static_cast<float>(delay_weight_extrapolation());
+    for (std::size_t r = 0; r < slices_.size(); ++r) opt_->save_state(r, next_of(r), nullptr, nullptr);  // p_before
+    const optimizer::StepResult sr = opt_->step(lr);
+    for (std::size_t r = 0; r < slices_.size(); ++r) {
+      float* w = next_of(r);
+      scratch_.resize(opt_->region(r).n);
+      opt_->save_state(r, scratch_.data(), nullptr, nullptr);
+      for (std::size_t i = 0; i < scratch_.size(); ++i) {
+        const float p = scratch_[i];
+        w[i] = x != 0 ? p + x * (p - w[i]) : p;
+      }
+    }
+    return sr;
+  }
+
+  std::span<float> compute_weights(std::size_t r, int ahead) {
+    GHT_EXPECTS(delay_ && (ahead == 0 || ahead == 1), "compute weights: the delayed update's, 0 or 1 steps ahead");
+    const NamedTensor& t = tensors()[r];
+    return std::span<float>(ahead == 0 ? model_.params().data() : next_.data(), model_.params().size())
+        .subspan(t.offset, t.numel);
+  }
+  float* next_of(std::size_t r) { return next_.data() + model_.tensors()[slices_[r].tensor].offset + slices_[r].first; }
+
   // master -> the model's fp32 parameters (ZeRO-1: this rank's shard, then every rank's).
   void copy_master_to_params() {
     for (std::size_t r = 0; r < slices_.size(); ++r) opt_->save_state(r, param_of(r), nullptr, nullptr);
@@ -200,6 +237,8 @@ class CpuBackend final : public TrainBackend {
   MoEModel<float> model_;
   std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
   bool delay_ = trainer::delayed_update();  // GHT_OPT_DELAY
+  std::vector<float> next_;                 // delayed mode: the step after next's weights
+  std::vector<float> scratch_;              // delayed mode: one region's master
   std::unique_ptr<StateShards> shards_;      // ZeRO-1 (N > 1, dist.optimizer_state=sharded)
   std::vector<TensorSlice> slices_;          // what each optimizer region holds
   std::unique_ptr<optimizer::AdamW> opt_;

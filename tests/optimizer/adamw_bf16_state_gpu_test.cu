@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <initializer_list>
+#include <utility>
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -25,9 +28,13 @@ using test::DeviceMem;
 TEST(Bf16StateGpu, KernelEqualsTheHostKernelBitForBit) {
   GHT_REQUIRE_GPU();
   for (const std::size_t n : {std::size_t{5001}, (std::size_t{1} << 20) + 3}) {
-    for (const GradType t : {GradType::bf16, GradType::fp32}) {
+    // x: the weight extrapolation (the delayed update's prediction), 0 = the plain bf16 weight
+    for (const auto& [t, x] : std::initializer_list<std::pair<GradType, double>>{
+             {GradType::bf16, 0.0}, {GradType::fp32, 0.0}, {GradType::bf16, 2.0}, {GradType::fp32, 0.5}}) {
       const test::Bf16StateInputs in = test::random_bf16_state(n, t, 21);
-      const StepScalars k = make_step_scalars(AdamWHyper{}, 1e-2, 9, true, 0.7);
+      AdamWHyper hyper;
+      hyper.weight_extrapolation = x;
+      const StepScalars k = make_step_scalars(hyper, 1e-2, 9, true, 0.7);
       const std::uint64_t key = round_key("layer5.expert2"), first = 1000003;
       // Host result.
       test::Bf16StateInputs h = in;
@@ -41,7 +48,7 @@ TEST(Bf16StateGpu, KernelEqualsTheHostKernelBitForBit) {
       const std::size_t gs = grad_type_size(t);
       for (const std::size_t shift : {0u, 1u}) {  // 1 element breaks 16-byte alignment: scalar kernel
         SCOPED_TRACE("n " + std::to_string(n) + " grad " + (t == GradType::bf16 ? "bf16" : "fp32") + " shift " +
-                     std::to_string(shift));
+                     std::to_string(shift) + " extrapolation " + std::to_string(x));
         DeviceMem dev;
         auto* dp = static_cast<float*>(dev.alloc((n + 1) * 4)) + shift;
         auto* dm = static_cast<std::uint16_t*>(dev.alloc((n + 1) * 2)) + shift;

@@ -142,6 +142,21 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.clip == Case::Clip::active ? "clip_active" : "clip_inactive");
     });
 
+// The delayed update's weight prediction (AdamWHyper::weight_extrapolation) on every GPU path:
+// the weights are bf16(p + x·(p − p_before)) of the master each path computes.
+TEST(OptimizerGpu, WeightExtrapolationOnEveryPath) {
+  GHT_REQUIRE_GPU();
+  Case c;
+  c.steps = 3;
+  c.hyper.weight_extrapolation = 2;
+  DeviceMem dev;
+  test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000), test::host_state(), Path::gpu_link);
+  test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma), test::host_state(),
+                           Path::gpu_link);
+  test::run_reference_case(c, dev, dev, options(PathChoice::device), nullptr, Path::device);
+  test::run_reference_case(c, dev, dev, options(PathChoice::cpu, 0, 4096), test::host_state(), Path::cpu);
+}
+
 TEST(OptimizerGpu, NonFiniteGuardOnEveryPath) {
   GHT_REQUIRE_GPU();
   for (GradType t : {GradType::bf16, GradType::fp32}) {

@@ -43,6 +43,15 @@ TEST_P(AdamWCpuReference, TenStepsMatchFp64Reference) {
   test::run_reference_case(c, host, host, cpu_options(), test::host_state(), Path::cpu);
 }
 
+// The delayed update's weight prediction: weights bf16(p + x·(p − p_before)), master unchanged.
+TEST(AdamWCpu, WeightExtrapolationWritesThePredictedWeights) {
+  Case c;
+  c.steps = 3;
+  c.hyper.weight_extrapolation = 2;
+  test::Mem host;
+  test::run_reference_case(c, host, host, cpu_options(), test::host_state(), Path::cpu);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, AdamWCpuReference,
     ::testing::Values(CpuCase{GradType::bf16, Case::Clip::inactive},

@@ -215,8 +215,8 @@ class CudaRun final : public TrainBackend {
   void init_weights(std::uint64_t seed) override;
   void load_weights(std::size_t r, std::span<const float> w) override;
   [[nodiscard]] bool delayed_update() const override { return delay_; }
-  void read_compute_weights(std::size_t r, std::span<float> out) override;
-  void load_compute_weights(std::size_t r, std::span<const float> w) override;
+  void read_compute_weights(std::size_t r, int ahead, std::span<float> out) override;
+  void load_compute_weights(std::size_t r, int ahead, std::span<const float> w) override;
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override;
   double eval_loss(const Batch& b) override;
   void on_start(MetricsLogger& log) override;
@@ -485,6 +485,7 @@ void CudaRun::setup() {
   }
   optimizer::AdamWOptions ao;
   ao.hyper = cfg_.adam;
+  ao.hyper.weight_extrapolation = trainer::delay_weight_extrapolation();  // 0 in exact mode
   ao.cpu_threads = cfg_.threads;
   if (data_parallel()) ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
   if (shards_) ao.combine_sumsq = sumsq_over_ranks(*s_.comm);  // the norm over every rank's shard
@@ -597,18 +598,30 @@ void CudaRun::load_weights(std::size_t r, std::span<const float> w) {
   }
 }
 
-void CudaRun::read_compute_weights(std::size_t r, std::span<float> out) {
+// ahead 0: the buffer the model computes with next; 1: the other one, which the update in flight
+// writes (rotate_delayed_buffers swaps them after the next step's backward).
+void CudaRun::read_compute_weights(std::size_t r, int ahead, std::span<float> out) {
   const NamedTensor& t = model_->tensors()[r];
   GHT_EXPECTS(out.size() == t.numel, "read_compute_weights: " + std::to_string(out.size()) + " values for " + t.name);
+  GHT_EXPECTS(ahead == 0 || ahead == 1, "read_compute_weights: ahead must be 0 or 1");
+  synchronize();  // the update in flight writes the other buffer
   std::vector<std::uint16_t> bits(t.numel);
-  GHT_CUDA_TRY(cudaStreamSynchronize(model_->stream()));
-  GHT_CUDA_TRY(cudaMemcpy(bits.data(), model_->weights() + t.offset, t.numel * sizeof(std::uint16_t),
-                          cudaMemcpyDeviceToHost));
+  const __nv_bfloat16* src = (ahead == 0 ? model_->weights() : other_w_) + t.offset;
+  GHT_CUDA_TRY(cudaMemcpy(bits.data(), src, t.numel * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
   for (std::size_t i = 0; i < t.numel; ++i) out[i] = optimizer::bf16_bits_to_float(bits[i]);
 }
 
-void CudaRun::load_compute_weights(std::size_t r, std::span<const float> w) {
-  model_->load_weights(model_->tensors()[r].offset, w);
+void CudaRun::load_compute_weights(std::size_t r, int ahead, std::span<const float> w) {
+  const NamedTensor& t = model_->tensors()[r];
+  GHT_EXPECTS(ahead == 0 || ahead == 1, "load_compute_weights: ahead must be 0 or 1");
+  if (ahead == 0) {
+    model_->load_weights(t.offset, w);
+    return;
+  }
+  GHT_EXPECTS(w.size() == t.numel, "load_compute_weights: " + std::to_string(w.size()) + " values for " + t.name);
+  std::vector<std::uint16_t> bits(t.numel);
+  for (std::size_t i = 0; i < t.numel; ++i) bits[i] = optimizer::float_to_bf16_bits(w[i]);
+  GHT_CUDA_TRY(cudaMemcpy(other_w_ + t.offset, bits.data(), t.numel * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
 }
 
 void CudaRun::on_start(MetricsLogger& log) {
