@@ -67,15 +67,9 @@ double dense_tflops(cudaStream_t stream, int iters) {
 int main(int argc, char** argv) {
   std::string json_path = "bench_lm_head.json";
   int iters = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
-    else { std::fprintf(stderr, "usage: %s [--json PATH] [--iters N]\n", argv[0]); return 2; }
-  }
+  if (!parse_json_iters(argc, argv, json_path, iters)) return 2;
   try {
-    cudaDeviceProp prop{};
-    GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    const cudaDeviceProp prop = device_banner();
     cudaStream_t stream;
     GHT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const double dense = dense_tflops(stream, iters);

@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -60,6 +63,25 @@ __global__ void fill_kernel(__nv_bfloat16* p, std::size_t n, unsigned seed) {
 void fill(__nv_bfloat16* p, std::size_t n, unsigned seed) {
   fill_kernel<<<1024, 256>>>(p, n, seed);
   GHT_CUDA_CHECK_LAUNCH();
+}
+
+// `--json PATH` and `--iters N` (at least 3) into json_path and iters; false, after printing the
+// usage, for anything else.
+bool parse_json_iters(int argc, char** argv, std::string& json_path, int& iters) {
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
+    else { std::fprintf(stderr, "usage: %s [--json PATH] [--iters N]\n", argv[0]); return false; }
+  }
+  return true;
+}
+
+// Device 0's properties, printed as the output's first line.
+cudaDeviceProp device_banner() {
+  cudaDeviceProp prop{};
+  GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
+  std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  return prop;
 }
 
 std::string json_escape(const std::string& s) {
