@@ -204,13 +204,23 @@ ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int
   const std::int64_t fast = default_ce_chunk_rows(N, c.vocab);
   const std::int64_t small = ce_chunk_rows_within(N, c.vocab, kLmHeadSmallLogits);
   auto plan = [&](std::int64_t rows) { return tier::make_plan(model_regions(c, {}, ranks, rows), options, measured); };
-  if (config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS) > 0 || fast <= small) return {plan(fast), fast};
-  tier::Plan base = plan(small);
+  // The choice goes into the plan's notes (`ght plan --explain`, the plan's JSON).
+  auto noted = [&](const tier::Plan& p, std::int64_t rows, const std::string& why) {
+    std::vector<std::string> notes = p.notes();
+    notes.push_back("LM head: " + std::to_string(rows) + " of " + std::to_string(N) + " rows per chunk (" +
+                    config::format_bytes(2 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(c.vocab)) +
+                    " of bf16 logits): " + why);
+    return ModelPlan{tier::Plan(p.options(), p.regions(), p.decisions(), p.prediction(), std::move(notes)), rows};
+  };
+  if (config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS) > 0) return noted(plan(fast), fast, "GHT_LM_HEAD_ROWS");
+  if (fast <= small) return noted(plan(fast), fast, "the whole micro-batch");
+  const tier::Plan base = plan(small);
+  const std::string short_of = "the " + std::to_string(fast) + "-row chunk would move other regions out of HBM";
   tier::Plan wide;
   try {
     wide = plan(fast);
   } catch (const tier::infeasible_plan&) {
-    return {std::move(base), small};
+    return noted(base, small, short_of);
   }
   // Both plans list the same regions in the same order; only the workspace's bytes differ.
   const auto& a = base.decisions();
@@ -218,8 +228,9 @@ ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int
   const bool same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const tier::Decision& x, const tier::Decision& y) {
                       return x.tier == y.tier && x.mode == y.mode;
                     });
-  if (!same) return {std::move(base), small};
-  return {std::move(wide), fast};
+  if (!same) return noted(base, small, short_of);
+  return noted(wide, fast, fast == N ? "the whole micro-batch, in HBM the plan leaves free"
+                                     : "the largest chunk under 2 GiB, in HBM the plan leaves free");
 }
 
 std::string plan_group_of(std::string_view tensor) {

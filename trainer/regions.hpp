@@ -107,7 +107,8 @@ struct ModelPlan {
  * from free HBM: default_ce_chunk_rows when planning with it decides every region as planning
  * with the small chunk (kLmHeadSmallLogits) does (its extra logits then come out of HBM that plan
  * leaves free), else the small chunk. GHT_LM_HEAD_ROWS, when set, is planned as it is.
- * `ght plan` and `ght train` both call it, so they plan and size alike.
+ * `ght plan` and `ght train` both call it, so they plan and size alike; the plan's last note
+ * says which chunk it counts and why.
  * @throws what tier::make_plan throws, for the small chunk's plan
  */
 [[nodiscard]] ModelPlan plan_model(const ModelConfig& cfg, const tier::PlanOptions& options, int ranks = 1,

@@ -187,17 +187,10 @@ void run(const PlanArgs& a) {
     emit(ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr), a, header);
     return;
   }
-  // As `ght train` plans: the trainer's fixed HBM costs, and the LM-head chunk from free HBM.
+  // As `ght train` plans: the trainer's fixed HBM costs, and the LM-head chunk from free HBM (a
+  // note of the plan says which).
   ght::trainer::add_trainer_reservations(options, *trainer_cfg);
-  const auto mp = ght::trainer::plan_model(*trainer_cfg, options, a.ranks, measured ? &*measured : nullptr);
-  const std::int64_t tokens = static_cast<std::int64_t>(trainer_cfg->seq_len) * trainer_cfg->micro_batch;
-  header += "LM head: " + std::to_string(mp.lm_head_rows) + " of " + std::to_string(tokens) +
-            " rows per chunk (" + ght::config::format_bytes(2 * static_cast<std::uint64_t>(mp.lm_head_rows) *
-                                                            static_cast<std::uint64_t>(trainer_cfg->vocab)) +
-            " of bf16 logits" + (mp.lm_head_rows == ght::trainer::default_ce_chunk_rows(tokens, trainer_cfg->vocab)
-                                     ? ")\n"
-                                     : "; the larger chunk would have displaced other regions)\n");
-  emit(mp.plan, a, header);
+  emit(ght::trainer::plan_model(*trainer_cfg, options, a.ranks, measured ? &*measured : nullptr).plan, a, header);
 }
 
 void setup(CLI::App& app) {
