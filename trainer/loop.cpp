@@ -663,12 +663,15 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     }
     if (be.delayed_update()) {
       for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
-      char x[64];
-      std::snprintf(x, sizeof x, "%g", delay_weight_extrapolation());
+      const long long warm = config::cfg().get_int(config::Key::GHT_OPT_DELAY_WARMUP);
+      char what[200];
+      std::snprintf(what, sizeof what,
+                    "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), while update k runs, from step %lld on",
+                    delay_weight_extrapolation(), warm + 1);
       s.say(std::string("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights "
-                        "after update k-1, extrapolated by ") +
-            x + " of that update (GHT_OPT_DELAY_PREDICT), while update k runs; evals see those weights, checkpoints "
-            "keep them next to master");
+                        "after update k-1, ") +
+            what + (warm > 0 ? " (steps 1-" + std::to_string(warm) + " update exactly: GHT_OPT_DELAY_WARMUP)" : std::string()) +
+            "; evals see those weights, checkpoints keep them next to master");
     }
     // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
     SliceAssembler za(be.tensors(), optimizer_slices(be));

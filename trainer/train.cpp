@@ -111,7 +111,7 @@ class CpuBackend final : public TrainBackend {
   }
 
   StepOutcome step(std::int64_t step, double lr, DataLoader& data) override {
-    (void)step;
+    const bool delayed = delayed_at(step);  // false in the exact warm-up (GHT_OPT_DELAY_WARMUP)
     const ModelConfig& mc = cfg_.model;
     const int B = mc.micro_batch, T = mc.seq_len, N = comm_.size(), rank = comm_.rank();
     // Data parallel: one gradient over all N·A micro-batches (this rank computes positions rank,
@@ -146,9 +146,11 @@ class CpuBackend final : public TrainBackend {
     // after it, extrapolated by GHT_OPT_DELAY_PREDICT), and this update leaves the weights of
     // the step after in next_ (the CPU has nothing to overlap, the semantics are the CUDA
     // backend's).
-    if (delay_) std::copy(next_.begin(), next_.end(), model_.params().begin());
-    const optimizer::StepResult sr = delay_ ? delayed_step(lr) : opt_->step(lr);
-    if (!delay_) copy_master_to_params();
+    // In the exact warm-up next_ follows master, so the first delayed step computes with master.
+    if (delayed) std::copy(next_.begin(), next_.end(), model_.params().begin());
+    const optimizer::StepResult sr = delayed ? delayed_step(lr) : opt_->step(lr);
+    if (!delayed) copy_master_to_params();
+    if (delay_ && !delayed) std::copy(model_.params().begin(), model_.params().end(), next_.begin());
     o.grad_norm = sr.grad_norm;
     if (N > 1 && local) {  // the record shows the means over the workers
       double m[3] = {o.loss, o.aux_loss, o.grad_norm};

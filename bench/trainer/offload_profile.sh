@@ -37,7 +37,7 @@ for mode in ${MODES//,/ }; do
     dma) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma) ;;
     zero_copy) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=zero_copy) ;;
     cpu) env=(GHT_OPTIMIZER=cpu) ;;
-    delay) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma GHT_OPT_DELAY=1) ;;
+    delay) env=(GHT_OPTIMIZER=gpu_link GHT_OPT_LINK_MODE=dma GHT_OPT_DELAY=1 GHT_OPT_DELAY_WARMUP=0) ;;
     # split follows the plan's placement (like auto): the rules put all the state on the host.
     split) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host") ;;
     split@*) env=(GHT_OPTIMIZER=split GHT_OPT_LINK_MODE=dma "GHT_PLACE=master=host,adam_*=host"
@@ -48,7 +48,7 @@ for mode in ${MODES//,/ }; do
   for suffix in $(echo "${mode#"$kind"}" | tr '+' ' '); do
     case $suffix in
       spec) env+=("GHT_OPT_SPECULATE_HOST=${OFFLOAD_SPEC_HOST:-16GiB}") ;;
-      delay) env+=(GHT_OPT_DELAY=1) ;;
+      delay) env+=(GHT_OPT_DELAY=1 GHT_OPT_DELAY_WARMUP=0) ;;
       *) echo "offload_profile: unknown suffix '+$suffix' in '$mode' (+spec, +delay)"; bad=1 ;;
     esac
   done

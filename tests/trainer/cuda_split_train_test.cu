@@ -59,6 +59,7 @@ TEST_P(CudaTrainSplit, BothPathsAndCpuSpeculationLearnLikeTheLinkPathAlone) {
   run.quiet = true;
   run.profile_steps = 6;
   const ScopedFlag delayed("GHT_OPT_DELAY", delay ? "on" : "off");
+  const ScopedFlag no_warmup("GHT_OPT_DELAY_WARMUP", "0");  // delayed from step 1
   const ScopedFlag host_state("GHT_PLACE", "master=host,adam_*=host");  // split follows the plan
   auto train_with = [&](const std::string& name, const std::string& path, const std::string& share,
                         const std::string& host_arena, double max_norm) {

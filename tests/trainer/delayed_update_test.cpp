@@ -10,11 +10,15 @@
 //   - step 1 is the exact run's step 1;
 //   - stopping and resuming matches an uninterrupted delayed run bit for bit (losses and every
 //     checkpoint file);
-//   - checkpoints of one mode resume in the other with a note that says what happens.
+//   - checkpoints of one mode resume in the other with a note that says what happens;
+//   - with an exact warm-up (GHT_OPT_DELAY_WARMUP=W) the first W steps and step W+1 are the exact
+//     run's, and a stop and resume across the switch matches the straight run.
+// Every test but the warm-up one sets GHT_OPT_DELAY_WARMUP=0 (the fixture).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,6 +76,7 @@ class DelayedUpdate : public ::testing::TestWithParam<const char*> {
   }
   [[nodiscard]] bool gpu() const { return std::string(GetParam()) == "cuda"; }
   ght::test::TempDir tmp_{"ght_delayed_update_test"};
+  std::optional<ght::test::ScopedFlag> no_warmup_{std::in_place, "GHT_OPT_DELAY_WARMUP", "0"};
 };
 
 TEST_P(DelayedUpdate, StepKPlusOneComputesWithTheWeightsAfterUpdateKMinusOne) {
@@ -236,6 +241,37 @@ TEST_P(DelayedUpdate, ACheckpointOfTheOtherModeResumesWithANote) {
   (void)train(config("back_to_exact"), r);
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("was written with GHT_OPT_DELAY=1; this run updates exactly"), std::string::npos) << out;
+}
+
+TEST_P(DelayedUpdate, AnExactWarmUpRunsTheExactStepsAndResumesAcrossTheSwitch) {
+  no_warmup_.reset();
+  const TrainConfig exact = config("exact");
+  (void)train(exact, quiet());
+  ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+  ght::test::ScopedFlag warm("GHT_OPT_DELAY_WARMUP", "3");
+  const TrainConfig straight = config("straight"), cfg = config("resumed");
+  (void)train(straight, quiet());
+  const auto e = test::read_log(exact.out).loss, d = test::read_log(straight.out).loss;
+  ASSERT_EQ(e.size(), 6u);
+  ASSERT_EQ(d.size(), 6u);
+  // Steps 1-3 update exactly; step 4 (the first delayed one) still computes after update 3.
+  for (std::int64_t k = 1; k <= 4; ++k) EXPECT_EQ(d.at(k), e.at(k)) << "step " << k;  // bit-identical
+  EXPECT_NE(d.at(5), e.at(5)) << "step 5 computes one update behind: it cannot be the exact step";
+  // Stop in the warm-up, resume across the switch; stop after it, resume delayed.
+  for (std::int64_t stop : {2, 4}) {
+    SCOPED_TRACE("stop at " + std::to_string(stop));
+    std::filesystem::remove_all(cfg.out);
+    (void)train(cfg, quiet("", stop));
+    (void)train(cfg, quiet("auto"));
+    const auto r = test::read_log(cfg.out).loss;
+    ASSERT_EQ(r.size(), 6u);
+    for (const auto& [step, loss] : d) EXPECT_EQ(r.at(step), loss) << "step " << step;
+    for (const char* f : {"optimizer.master.safetensors", "model.safetensors", kComputeWeights, kNextComputeWeights}) {
+      EXPECT_EQ(ght::trainer::fileio::read_all(ckpt(straight.out, 6) + "/" + f),
+                ght::trainer::fileio::read_all(ckpt(cfg.out, 6) + "/" + f))
+          << f << " differs between the straight and the resumed run";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DelayedUpdate, ::testing::Values("cpu", "cuda"),

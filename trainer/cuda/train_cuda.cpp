@@ -333,6 +333,9 @@ class CudaRun final : public TrainBackend {
   // with one pair while the update of the previous step reads the other's gradient and writes
   // its weights.
   bool delay_ = false;
+  // The update last launched writes the weights the model computes with (exact mode, and the
+  // delayed mode's exact warm-up): the next forward waits for it unit by unit.
+  bool update_in_place_ = true;
   int device_ = 0;
   alloc::unique_block delay_w_, delay_g_;  // the second pair
   __nv_bfloat16* other_w_ = nullptr;       // the pair the model does not use now
@@ -663,7 +666,7 @@ void CudaRun::before_unit_forward(int u) {
   const auto uu = static_cast<std::size_t>(u);
   // Later micro-batches are ordered after micro-batch 0 on the same stream: one wait suffices.
   // Delayed mode: the update in flight writes the weights the model does not use.
-  if (opt_launched_ && !delay_ && (!training_ || micro_ == 0)) {
+  if (opt_launched_ && update_in_place_ && (!training_ || micro_ == 0)) {
     // The unit's weights are final once every one of its regions' last chunk is written.
     const bool timed = training_;
     if (timed) cur_->wait_before[uu].record(s);
@@ -1001,6 +1004,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // Streamed gradients live on the host, where speculate_region cannot use them.
   speculate_now_ = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ &&
                    !delay_ && opt_->stats().last_clip_coef == 1.0;
+  const bool delayed = delayed_at(step);  // false in the exact warm-up (GHT_OPT_DELAY_WARMUP)
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63). The
@@ -1030,7 +1034,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
   cur_->rotated = false;
-  if (delay_) rotate_delayed_buffers();
+  if (delayed) rotate_delayed_buffers();
   join_timer();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
@@ -1038,7 +1042,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   const bool gpu_opt = opt_->stream() != nullptr;
   if (gpu_opt) cur_->opt_start.record(opt_->stream());
   if (tracer_) tracer_->set_op(kOpUpdate);
-  if (delay_) {
+  if (delayed) {
     launch_update_async();
   } else {
     opt_->update_all();  // cpu regions first: the optimizer's worker starts on them at once
@@ -1046,6 +1050,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     if (gpu_opt) time_update_async();
   }
   opt_launched_ = true;
+  update_in_place_ = !delayed;
   const double opt_host_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
 
@@ -1088,6 +1093,14 @@ void CudaRun::rotate_delayed_buffers() {
   for (std::size_t r = 0; r < opt_->num_regions(); ++r) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
   cur_->rotate_after.record(s);
   cur_->rotated = true;
+  // The first delayed step (after the exact warm-up, or of a fresh run): the previous update
+  // wrote the model's own buffer, so the other one gets those weights (the next step computes
+  // with master, once). After a resume past the warm-up the other buffer holds what the
+  // checkpoint kept for it.
+  if (!delayed_at(step_ - 1)) {
+    GHT_CUDA_TRY(cudaMemcpyAsync(other_w_, model_->weights(), model_->num_params() * sizeof(__nv_bfloat16),
+                                 cudaMemcpyDeviceToDevice, s));
+  }
   const auto [w, g] = model_->swap_buffers(other_w_, other_g_);
   other_w_ = w;  // the weights this step computed with: the update writes the next ones there
   other_g_ = g;  // this step's gradients: the update reads them there
