@@ -91,7 +91,7 @@ if want bench-opt; then
   [ -f bench/optimizer/torch_baseline.py ] && run_stage torch-adamw python3 bench/optimizer/torch_baseline.py --json "$res/torch_adamw.json"
 fi
 if want bench-kernels; then
-  for b in build-gpu/bin/bench_expert_gemm build-gpu/bin/bench_kernels; do
+  for b in build-gpu/bin/bench_expert_gemm build-gpu/bin/bench_lm_head build-gpu/bin/bench_kernels; do
     [ -x "$b" ] && run_stage "$(basename "$b")" "$b" --json "$res/$(basename "$b").json"
   done
 fi
@@ -131,7 +131,7 @@ tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_kernels train trace sweep; do
+for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_lm_head bench_kernels train trace sweep; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done

@@ -137,7 +137,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
 
 }  // namespace
 
-ActivationSizes activation_sizes(const ModelConfig& c) {
+ActivationSizes activation_sizes(const ModelConfig& c, std::int64_t lm_head_rows) {
   c.validate();
   // Byte for byte what CudaMoEModel allocates for one micro-batch of N tokens
   // (trainer/cuda/model_cuda.cpp, ensure_capacity): per layer the buffers saved for backward,
@@ -163,10 +163,12 @@ ActivationSizes activation_sizes(const ModelConfig& c) {
       (2.0 * active_layer + 4.0 * c.heads * c.head_dim * static_cast<double>(c.seq_len));
   // Shared: final stream, final norm output, tmp, d stream, d norm (bf16, N x d), final rstd,
   // d attention, d qkv, d q/k; per routed row the permuted rows, d gate_up, d act, d top-k
-  // weight; tokens, targets, positions; the LM-head chunk (bf16 logits of up to 256 MiB); the
-  // loss read-back slots (63) and the router losses.
+  // weight; tokens, targets, positions; the LM-head chunk (bf16 logits, default_ce_chunk_rows);
+  // the loss read-back slots (63) and the router losses.
   const std::uint64_t shared_per_token = 2 * 5 * d + 4 + 2 * HD + 2 * QKV + 2 * QK + K * (2 * d + 2 * 3 * F + 4) + 3 * 4;
-  const auto ce_rows = std::min(static_cast<std::uint64_t>(default_ce_chunk_rows(c.vocab)), N);
+  const auto ce_rows = static_cast<std::uint64_t>(
+      std::min(lm_head_rows > 0 ? lm_head_rows : default_ce_chunk_rows(static_cast<std::int64_t>(N), c.vocab),
+               static_cast<std::int64_t>(N)));
   const std::uint64_t ce = (ce_rows * V * 2 + 255) / 256 * 256;
   const std::uint64_t slots = cuda_loss_slot_bytes(c.layers) * kCudaLossSlots + 8 * L;
   s.workspace = shared_per_token * N + ce + slots;
@@ -177,10 +179,58 @@ std::size_t cuda_loss_slot_bytes(int layers) {
   return (8 + 8 * static_cast<std::size_t>(layers) + 255) / 256 * 256;  // ce, valid; aux, z per layer
 }
 
-std::int64_t default_ce_chunk_rows(std::int64_t vocab) {
-  std::int64_t rows = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / (2 * vocab));
-  if (rows >= 64) rows = rows / 64 * 64;
-  return rows;
+std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab, std::uint64_t logits_bytes) {
+  GHT_EXPECTS(tokens > 0 && vocab > 0, "LM-head chunk: need tokens > 0 and vocab > 0, got tokens=" +
+                                           std::to_string(tokens) + " vocab=" + std::to_string(vocab));
+  const std::uint64_t row_bytes = 2 * static_cast<std::uint64_t>(vocab);
+  if (static_cast<std::uint64_t>(tokens) <= logits_bytes / row_bytes) return tokens;
+  std::int64_t most = std::max<std::int64_t>(1, static_cast<std::int64_t>(logits_bytes / row_bytes));
+  if (most >= 64) most = most / 64 * 64;
+  const std::int64_t chunks = (tokens + most - 1) / most;
+  std::int64_t rows = (tokens + chunks - 1) / chunks;
+  if (most >= 64) rows = (rows + 63) / 64 * 64;
+  return std::min(rows, most);
+}
+
+std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab) {
+  const std::int64_t forced = config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS);
+  if (forced > 0 && tokens > 0) return std::min(forced, tokens);
+  return ce_chunk_rows_within(tokens, vocab, kLmHeadLogitsBudget);
+}
+
+ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int ranks,
+                     const tier::Measurements* measured) {
+  const std::int64_t N = static_cast<std::int64_t>(c.seq_len) * c.micro_batch;
+  const std::int64_t fast = default_ce_chunk_rows(N, c.vocab);
+  const std::int64_t small = ce_chunk_rows_within(N, c.vocab, kLmHeadSmallLogits);
+  auto plan = [&](std::int64_t rows) { return tier::make_plan(model_regions(c, {}, ranks, rows), options, measured); };
+  // The choice goes into the plan's notes (`ght plan --explain`, the plan's JSON).
+  auto noted = [&](const tier::Plan& p, std::int64_t rows, const std::string& why) {
+    std::vector<std::string> notes = p.notes();
+    notes.push_back("LM head: " + std::to_string(rows) + " of " + std::to_string(N) + " rows per chunk (" +
+                    config::format_bytes(2 * static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(c.vocab)) +
+                    " of bf16 logits): " + why);
+    return ModelPlan{tier::Plan(p.options(), p.regions(), p.decisions(), p.prediction(), std::move(notes)), rows};
+  };
+  if (config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS) > 0) return noted(plan(fast), fast, "GHT_LM_HEAD_ROWS");
+  if (fast <= small) return noted(plan(fast), fast, "the whole micro-batch");
+  const tier::Plan base = plan(small);
+  const std::string short_of = "the " + std::to_string(fast) + "-row chunk would move other regions out of HBM";
+  tier::Plan wide;
+  try {
+    wide = plan(fast);
+  } catch (const tier::infeasible_plan&) {
+    return noted(base, small, short_of);
+  }
+  // Both plans list the same regions in the same order; only the workspace's bytes differ.
+  const auto& a = base.decisions();
+  const auto& b = wide.decisions();
+  const bool same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const tier::Decision& x, const tier::Decision& y) {
+                      return x.tier == y.tier && x.mode == y.mode;
+                    });
+  if (!same) return noted(base, small, short_of);
+  return noted(wide, fast, fast == N ? "the whole micro-batch, in HBM the plan leaves free"
+                                     : "the largest chunk under 2 GiB, in HBM the plan leaves free");
 }
 
 std::string plan_group_of(std::string_view tensor) {
@@ -233,7 +283,7 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) 
   options.host_state_hbm_bytes = optimizer::dma_slot_bytes(largest, optimizer::state_type_from_config());
 }
 
-std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, int ranks) {
+std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, int ranks, std::int64_t lm_head_rows) {
   c.validate();
   GHT_EXPECTS(ranks >= 1, "model_regions: ranks must be >= 1, got " + std::to_string(ranks));
   GHT_EXPECTS(routing.empty() || routing.size() == static_cast<std::size_t>(c.layers),
@@ -258,7 +308,7 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, 
   if (!c.tied_embeddings) {
     add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, st, ranks, out);
   }
-  const ActivationSizes act = activation_sizes(c);
+  const ActivationSizes act = activation_sizes(c, lm_head_rows);
   for (int l = 0; l < c.layers; ++l) {
     const std::string layer = "layer" + std::to_string(l);
     const std::int64_t dense = c.layer_dense_params();

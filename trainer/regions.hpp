@@ -50,7 +50,9 @@ struct ActivationSizes {
   std::uint64_t workspace = 0;             ///< logits, one layer in backward, dispatch buffers
   std::uint64_t recompute_scratch = 0;     ///< one layer's saved buffers, shared by recomputed layers
 };
-[[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg);
+/// `lm_head_rows`: the rows of the LM-head chunk counted in the workspace; 0 =
+/// default_ce_chunk_rows (plan_model() chooses it from free HBM for `ght train` and `ght plan`).
+[[nodiscard]] ActivationSizes activation_sizes(const ModelConfig& cfg, std::int64_t lm_head_rows = 0);
 
 /**
  * @brief The model's regions (see the file comment; m and v sized by GHT_OPT_STATE), as one rank
@@ -62,15 +64,55 @@ struct ActivationSizes {
  * @throws ght::logic_error for an invalid config, a routing table of the wrong shape, ranks < 1
  */
 [[nodiscard]] std::vector<tier::Region> model_regions(const ModelConfig& cfg, const Routing& routing = {},
-                                                      int ranks = 1);
+                                                      int ranks = 1, std::int64_t lm_head_rows = 0);
 
 /// The CUDA model's fixed buffer sizes, shared by the model (trainer/cuda/model_cuda.cpp) and
 /// activation_sizes(): its loss read-back slots, and the rows of its LM-head/CE chunk when
-/// CudaModelOptions::ce_chunk_rows is 0 (as many as fit a 256 MiB bf16 logits chunk, a multiple
-/// of 64 when that many fit).
+/// CudaModelOptions::ce_chunk_rows is 0.
 inline constexpr int kCudaLossSlots = 64;
 [[nodiscard]] std::size_t cuda_loss_slot_bytes(int layers);
-[[nodiscard]] std::int64_t default_ce_chunk_rows(std::int64_t vocab);
+
+/// The most bytes of bf16 logits the automatic LM-head chunk holds (1.4% of an H200's HBM), and
+/// the chunk it falls back to where HBM is short (the chunk of sessions 1-7).
+inline constexpr std::uint64_t kLmHeadLogitsBudget = std::uint64_t{2} << 30;
+inline constexpr std::uint64_t kLmHeadSmallLogits = std::uint64_t{256} << 20;
+
+/**
+ * @brief Rows per LM-head/cross-entropy chunk of a micro-batch of `tokens` rows and a vocabulary
+ * of `vocab` whose bf16 logits may take `logits_bytes`: the whole micro-batch when they fit, else
+ * the fewest chunks that fit, of equal size rounded up to a multiple of 64 (never above the
+ * budget's rows, themselves rounded down to a multiple of 64 where at least 64 fit).
+ * @throws ght::logic_error when tokens or vocab is not positive
+ */
+[[nodiscard]] std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab,
+                                                std::uint64_t logits_bytes);
+
+/**
+ * @brief The CUDA model's LM-head chunk when nothing chose one (CudaModelOptions::ce_chunk_rows
+ * 0): GHT_LM_HEAD_ROWS when set (capped at `tokens`), else ce_chunk_rows_within(tokens, vocab,
+ * kLmHeadLogitsBudget): the whole micro-batch at bench-h200's shape. Why whole: each chunk's dW
+ * GEMM reads and writes the whole (vocab, d) gradient (8 B per element in fp32), which at
+ * 832-row chunks costs as long as its math (bench/NOTES.md, session 8).
+ */
+[[nodiscard]] std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab);
+
+/// A plan of the model's regions and the LM-head chunk rows it counts.
+struct ModelPlan {
+  tier::Plan plan;
+  std::int64_t lm_head_rows = 0;  ///< what the CUDA model must run with (CudaModelOptions::ce_chunk_rows)
+};
+
+/**
+ * @brief Plan cfg's regions (model_regions) as `ght train` runs them, with the LM-head chunk sized
+ * from free HBM: default_ce_chunk_rows when planning with it decides every region as planning
+ * with the small chunk (kLmHeadSmallLogits) does (its extra logits then come out of HBM that plan
+ * leaves free), else the small chunk. GHT_LM_HEAD_ROWS, when set, is planned as it is.
+ * `ght plan` and `ght train` both call it, so they plan and size alike; the plan's last note
+ * says which chunk it counts and why.
+ * @throws what tier::make_plan throws, for the small chunk's plan
+ */
+[[nodiscard]] ModelPlan plan_model(const ModelConfig& cfg, const tier::PlanOptions& options, int ranks = 1,
+                                   const tier::Measurements* measured = nullptr);
 
 /// The plan group of a parameter tensor ("model.layers.3.mlp.experts.7.up_proj.weight" ->
 /// "layer3.expert7", "model.embed_tokens.weight" -> "embed"), and its region for a class

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/kernels/bench_util.cuh"
 #include "kernels/cuda/expert_gemm.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "tier/cuda_check.hpp"
@@ -55,52 +56,6 @@ std::vector<std::int32_t> make_offsets(const Shape& s, std::uint32_t seed) {
   std::vector<std::int32_t> off(s.experts + 1, 0);
   for (int e = 0; e < s.experts; ++e) off[e + 1] = off[e] + counts[e];
   return off;
-}
-
-// Median milliseconds of `iters` runs of f on `stream`, after two warm-up runs.
-double time_ms(cudaStream_t stream, int iters, const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  GHT_CUDA_TRY(cudaEventCreate(&a));
-  GHT_CUDA_TRY(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) f();
-  GHT_CUDA_TRY(cudaStreamSynchronize(stream));
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    GHT_CUDA_TRY(cudaEventRecord(a, stream));
-    f();
-    GHT_CUDA_TRY(cudaEventRecord(b, stream));
-    GHT_CUDA_TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    GHT_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  (void)cudaEventDestroy(a);
-  (void)cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-template <typename T>
-T* dev_alloc(std::size_t n) {
-  void* p = nullptr;
-  GHT_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)));
-  return static_cast<T*>(p);
-}
-
-__global__ void fill_kernel(bf16* p, std::size_t n, unsigned seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    p[i] = __float2bfloat16((static_cast<float>(h & 0xffff) / 65535.0f - 0.5f) * 0.2f);
-  }
-}
-
-void fill(bf16* p, std::size_t n, unsigned seed) {
-  fill_kernel<<<1024, 256>>>(p, n, seed);
-  GHT_CUDA_CHECK_LAUNCH();
 }
 
 void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row>& rows) {
@@ -259,30 +214,14 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
     (void)cudaFree(p);
 }
 
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') o += '\\';
-    if (ch == '\n') { o += "\\n"; continue; }
-    o += ch;
-  }
-  return o;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path = "bench_expert_gemm.json";
   int iters = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(3, std::atoi(argv[++i]));
-    else { std::fprintf(stderr, "usage: %s [--json PATH] [--iters N]\n", argv[0]); return 2; }
-  }
+  if (!parse_json_iters(argc, argv, json_path, iters)) return 2;
   try {
-    cudaDeviceProp prop{};
-    GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
-    std::printf("# device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    const cudaDeviceProp prop = device_banner();
     cudaStream_t stream;
     GHT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const Shape shapes[] = {

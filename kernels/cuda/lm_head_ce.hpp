@@ -2,7 +2,7 @@
 /**
  * @file lm_head_ce.hpp
  * @brief LM head (logits = x·W^T, W (V, C)) fused with cross-entropy, chunked over rows so that
- * full logits never exist; mirrors kernels/cpu/lm_head_ce.hpp.
+ * the logits of more rows than one chunk never exist; mirrors kernels/cpu/lm_head_ce.hpp.
  *
  * Per chunk of `chunk_rows` rows (the workspace holds one bf16 (chunk_rows, V) logits chunk):
  *   1. logits = x_chunk·W^T                      (cuBLASLt, bf16 out, fp32 accumulation)
@@ -18,7 +18,11 @@
  * lm_head_ce_check_targets() to turn it into an exception.
  *
  * FLOPs: 2·N·V·C forward; 6·N·V·C forward + backward. Bytes per chunk: 2·rows·V written and
- * read twice (plus written once more as dlogits), + the GEMM operands.
+ * read twice (plus written once more as dlogits), + the GEMM operands, and in training the
+ * whole dW read and written once (2·sizeof(dW)·V·C: 5 GB in fp32 at V = 151,936, C = 4096).
+ * That last term is why fewer, larger chunks are faster: at rows ≲ 8·ceiling FLOP/s / (2·HBM
+ * B/s) (≈ 700 on an H200) the dW GEMM moves more time's worth of bytes than it computes. One
+ * chunk of all N rows accumulates dW once (trainer/regions.hpp: default_ce_chunk_rows).
  */
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>

@@ -41,9 +41,11 @@ struct Case {
   std::int64_t chunk;
   double ignore_frac;
 };
-// V % 8 == 0 takes the vector path, V = 517 the scalar one; chunks do not divide N.
-const Case kCases[] = {{300, 64, 1000, 128, 0.1}, {77, 72, 517, 32, 0.3}, {64, 64, 2048, 1000, 0.0},
-                       {20, 64, 96, 8, 1.0}};
+// V % 8 == 0 takes the vector path, V = 517 and 1031 the scalar one; chunks do not divide N.
+// The last two are one chunk of every row (the trainer's default, trainer/regions.hpp:
+// default_ce_chunk_rows), N not a multiple of 64: dW accumulated once over all N rows.
+const Case kCases[] = {{300, 64, 1000, 128, 0.1}, {77, 72, 517, 32, 0.3},  {64, 64, 2048, 1000, 0.0},
+                       {20, 64, 96, 8, 1.0},      {333, 96, 1031, 333, 0.1}, {1000, 128, 4104, 1000, 0.05}};
 
 template <typename DW>
 void run_case(const Case& cs, std::uint32_t seed) {
@@ -120,6 +122,7 @@ TEST(CudaLmHeadCe, ForwardBackwardMatchCpuFp32Dw) {
 TEST(CudaLmHeadCe, ForwardBackwardMatchCpuBf16Dw) {
   GHT_REQUIRE_GPU();
   run_case<bf16>(kCases[0], 500);
+  run_case<bf16>(kCases[4], 600);  // one chunk: the bf16 dW rounds once instead of per chunk
 }
 
 TEST(CudaLmHeadCe, BadTargetsAreReported) {

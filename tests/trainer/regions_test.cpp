@@ -197,7 +197,7 @@ Plan plan_for(const std::string& model, const std::string& profile, std::vector<
   const auto caps = tier::nominal_capacities(profile);
   EXPECT_TRUE(caps.has_value());
   const auto options = tier::plan_options_from_config(reg, link, *caps, model_step_flops(c));
-  return tier::make_plan(model_regions(c), options);
+  return plan_model(c, options).plan;
 }
 
 struct Census {
@@ -299,6 +299,95 @@ TEST(PlanScenarios, BenchH200OnPcie5With40GIsAValidMixedPlan) {
   // The plan survives its JSON.
   const Plan q = Plan::from_json(p.to_json(), "bench.json");
   EXPECT_TRUE(q == p);
+}
+
+// ---- the LM-head chunk (bench/NOTES.md, session 8) ----
+
+TEST(LmHeadChunk, WholeMicroBatchWhenItFitsElseEqualChunksUnderTheBudget) {
+  const std::int64_t V = 151936;
+  // bench-h200: 4096 rows x V bf16 = 1.16 GiB < 2 GiB, one chunk.
+  EXPECT_EQ(default_ce_chunk_rows(4096, V), 4096);
+  EXPECT_EQ(default_ce_chunk_rows(1000, V), 1000);
+  // 16k rows: 2 GiB holds 7067 rows, 7040 as a multiple of 64, so 3 chunks of 5462 -> 5504.
+  EXPECT_EQ(default_ce_chunk_rows(16384, V), 5504);
+  // The small chunk of sessions 1-7: 832 rows (5 chunks of a 4096-row micro-batch).
+  EXPECT_EQ(ce_chunk_rows_within(4096, V, kLmHeadSmallLogits), 832);
+  for (std::int64_t n : {1, 63, 64, 65, 777, 4096, 7040, 7041, 16384, 100000}) {
+    for (std::int64_t v : {1, 256, 517, 32000, 151936}) {
+      for (std::uint64_t budget : {kLmHeadSmallLogits, kLmHeadLogitsBudget}) {
+        const std::int64_t r = ce_chunk_rows_within(n, v, budget);
+        SCOPED_TRACE(::testing::Message() << "n=" << n << " v=" << v << " budget=" << budget << " rows=" << r);
+        ASSERT_GE(r, 1);
+        ASSERT_LE(r, n);
+        const std::int64_t chunks = (n + r - 1) / r;
+        if (2 * static_cast<std::uint64_t>(n * v) <= budget) {
+          EXPECT_EQ(r, n);  // whole
+          continue;
+        }
+        EXPECT_LE(2 * static_cast<std::uint64_t>(r * v), budget);  // within the budget
+        // The fewest chunks the budget allows (its rows rounded down to 64), and equal ones: the
+        // last chunk is at most 64 rows per chunk short of the others.
+        std::int64_t most = static_cast<std::int64_t>(budget / (2 * static_cast<std::uint64_t>(v)));
+        if (most >= 64) most = most / 64 * 64;
+        EXPECT_EQ(chunks, (n + most - 1) / most);
+        EXPECT_GE(n - (chunks - 1) * r, r - 64 * chunks);
+        if (most >= 64) {
+          EXPECT_EQ(r % 64, 0);
+        }
+      }
+    }
+  }
+  EXPECT_THROW((void)ce_chunk_rows_within(0, V, kLmHeadLogitsBudget), ght::logic_error);
+  EXPECT_THROW((void)ce_chunk_rows_within(8, 0, kLmHeadLogitsBudget), ght::logic_error);
+}
+
+TEST(LmHeadChunk, RowsOverrideAndWorkspace) {
+  const ModelConfig c = preset("bench-h200");
+  const std::uint64_t V = static_cast<std::uint64_t>(c.vocab);
+  const auto whole = activation_sizes(c);  // 4096 rows
+  const auto small = activation_sizes(c, 832);
+  EXPECT_EQ(whole.workspace - small.workspace, (4096 - 832) * V * 2);
+  EXPECT_EQ(whole.keep_per_layer, small.keep_per_layer);
+  EXPECT_EQ(activation_sizes(c, 1 << 20).workspace, whole.workspace);  // capped at the micro-batch
+  ght::test::ScopedFlag rows("GHT_LM_HEAD_ROWS", "1000");
+  EXPECT_EQ(default_ce_chunk_rows(4096, c.vocab), 1000);
+  EXPECT_EQ(default_ce_chunk_rows(512, c.vocab), 512);
+  EXPECT_EQ(activation_sizes(c).workspace, activation_sizes(c, 1000).workspace);
+}
+
+// plan_model sizes the chunk from free HBM: whole where the model fits with room, the small
+// chunk where the larger one would displace a region, and a forced GHT_LM_HEAD_ROWS as given.
+TEST(LmHeadChunk, PlanModelTakesTheLargeChunkOnlyFromFreeHbm) {
+  {
+    const Plan p = plan_for("bench-h200", "pcie5", {"GHT_HBM_BUDGET=139G", "GHT_PLACE=master=hbm,adam_*=hbm"});
+    for (const auto& d : p.decisions()) EXPECT_EQ(d.tier, TierKind::hbm);
+    const ModelConfig c = preset("bench-h200");
+    for (const auto& r : p.regions()) {
+      if (r.name == "workspace") {
+        EXPECT_EQ(r.bytes, activation_sizes(c, 4096).workspace);
+      }
+    }
+  }
+  for (const char* hbm : {"GHT_HBM_BUDGET=40G", "GHT_HBM_BUDGET=96G"}) {
+    const std::string model = std::string(hbm) == "GHT_HBM_BUDGET=40G" ? "bench-h200" : "seed-21b";
+    SCOPED_TRACE(model + " " + hbm);
+    const ModelConfig c = preset(model);
+    const auto reg = registry_with({hbm});
+    const auto caps = tier::nominal_capacities(model == "bench-h200" ? "pcie5" : "gh200");
+    ASSERT_TRUE(caps.has_value());
+    const auto options = tier::plan_options_from_config(
+        reg, tier::builtin_profile(model == "bench-h200" ? "pcie5" : "gh200"), *caps, model_step_flops(c));
+    const ModelPlan mp = plan_model(c, options);
+    const std::int64_t small = ce_chunk_rows_within(4096, c.vocab, kLmHeadSmallLogits);
+    EXPECT_EQ(mp.lm_head_rows, small) << "HBM is full: the larger chunk would move a region";
+    const Plan plain = tier::make_plan(model_regions(c, {}, 1, small), options);
+    EXPECT_TRUE(mp.plan.decisions() == plain.decisions());
+    EXPECT_TRUE(mp.plan.prediction() == plain.prediction());
+    ASSERT_FALSE(mp.plan.notes().empty());
+    EXPECT_NE(mp.plan.notes().back().find("LM head: 832 of 4096 rows"), std::string::npos) << mp.plan.notes().back();
+    ght::test::ScopedFlag rows("GHT_LM_HEAD_ROWS", "4096");
+    EXPECT_EQ(plan_model(c, options).lm_head_rows, 4096);
+  }
 }
 
 }  // namespace

@@ -167,10 +167,7 @@ void run(const PlanArgs& a) {
                 "m and v are 1/" + std::to_string(a.ranks) +
                 " of each group's; weights, gradients (in HBM) and activations whole\n";
     }
-    if (a.regions.empty()) {
-      regions = ght::trainer::model_regions(cfg, {}, a.ranks);
-      trainer_cfg = cfg;  // the trainer's fixed HBM costs apply to its own regions
-    }
+    if (a.regions.empty()) trainer_cfg = cfg;  // planned below as `ght train` plans it
   }
   if (!a.regions.empty()) {
     if (a.ranks > 1) throw ght::config_error("--ranks applies to a model (--model, --config), not to --regions");
@@ -184,12 +181,16 @@ void run(const PlanArgs& a) {
   const auto nominal = ght::tier::nominal_capacities(reg.get_string(ght::config::Key::GHT_LINK_PROFILE));
   const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
   auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
-  if (trainer_cfg) ght::trainer::add_trainer_reservations(options, *trainer_cfg);  // as `ght train` plans
   std::optional<ght::tier::Measurements> measured;
   if (!a.measurements.empty()) measured = ght::tier::load_measurements_file(a.measurements);
-  const ght::tier::Plan plan =
-      ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr);
-  emit(plan, a, header);
+  if (!trainer_cfg) {
+    emit(ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr), a, header);
+    return;
+  }
+  // As `ght train` plans: the trainer's fixed HBM costs, and the LM-head chunk from free HBM (a
+  // note of the plan says which).
+  ght::trainer::add_trainer_reservations(options, *trainer_cfg);
+  emit(ght::trainer::plan_model(*trainer_cfg, options, a.ranks, measured ? &*measured : nullptr).plan, a, header);
 }
 
 void setup(CLI::App& app) {

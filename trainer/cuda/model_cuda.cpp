@@ -498,12 +498,7 @@ struct CudaMoEModel::Impl {
       in_host_dev = static_cast<char*>(kc::mapped_device_pointer(in_host.get()));
       GHT_EXPECTS(in_host_dev != nullptr, "model: the host input ring is not GPU-mapped (set GHT_INPUT_COPY=engine)");
     }
-    if (opts.ce_chunk_rows > 0) {
-      ce_chunk = opts.ce_chunk_rows;
-    } else {
-      ce_chunk = default_ce_chunk_rows(V);
-    }
-    ce_chunk = std::min(ce_chunk, N);
+    ce_chunk = std::min(opts.ce_chunk_rows > 0 ? opts.ce_chunk_rows : default_ce_chunk_rows(N, V), N);
     ce_ws_bytes = kc::lm_head_ce_workspace_bytes(ce_chunk, static_cast<int>(V));
     ce_ws = alloc(ce_ws_bytes, kActs, "LM head logits chunk");
     logits_buf = nullptr;

@@ -69,7 +69,8 @@ struct CudaModelOptions {
   /// RMSNorm + RoPE of a layer in one launch each way. false runs the separate kernels; the
   /// results are bit-identical either way.
   bool fused_kernels = true;
-  /// Rows per LM-head/cross-entropy chunk; 0 = as many as fit a 256 MiB bf16 logits chunk.
+  /// Rows per LM-head/cross-entropy chunk; 0 = default_ce_chunk_rows (trainer/regions.hpp: the
+  /// whole micro-batch while its bf16 logits fit 2 GiB, or GHT_LM_HEAD_ROWS), as the plan counts.
   std::int64_t ce_chunk_rows = 0;
   /// Per layer: recompute its forward in backward (keeps only the layer input). Empty = none.
   std::vector<bool> recompute;

@@ -58,8 +58,9 @@ constexpr double kPeakFlops = Roofline::bf16_dense_datasheet_flops;  // op_costs
 
 // The plan this run follows, made for the allocator's own budgets so that what it predicts is
 // what the allocator enforces: greedy by default (GHT_POLICY), GHT_PLACE rules when set. `ranks`:
-// the data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none).
-tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, int ranks) {
+// the data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none). The LM-head chunk is
+// sized with the plan (from free HBM), and the model must run with it.
+ModelPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, int ranks) {
   const config::Registry& reg = config::cfg();
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
@@ -70,7 +71,7 @@ tier::Plan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a
   options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
   options.budgets.host = planned(a.report(TierKind::host).budget);
   add_trainer_reservations(options, mc);
-  return tier::make_plan(model_regions(mc, {}, ranks), options);
+  return plan_model(mc, options, ranks);
 }
 
 // What the allocator holds, per tier and per class on each tier: {"hbm": {"current", "peak",
@@ -379,7 +380,8 @@ void CudaRun::setup() {
 
   // ---- the allocator and the plan it follows ----
   alloc_ = alloc::make_default_tiered_allocator();
-  plan_ = make_run_plan(mc, *alloc_, zero1() ? s_.comm->size() : 1);
+  ModelPlan run_plan = make_run_plan(mc, *alloc_, zero1() ? s_.comm->size() : 1);
+  plan_ = std::move(run_plan.plan);
   const tier::Plan& plan = *plan_;
   say("plan (" + std::string(tier::to_string(plan.options().policy)) + "; set GHT_POLICY or GHT_PLACE to change it):\n" +
       plan.format_table(false));
@@ -433,6 +435,7 @@ void CudaRun::setup() {
   mo.cutlass_tile = tile == "128x128"   ? kernels::cuda::CutlassTile::coop_128x128
                     : tile == "128x256" ? kernels::cuda::CutlassTile::coop_128x256
                                         : kernels::cuda::CutlassTile::automatic;
+  mo.ce_chunk_rows = run_plan.lm_head_rows;  // what the plan counted
   mo.allocator = alloc_;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();

@@ -1,0 +1,175 @@
+// LM head + cross-entropy benchmark: kernels/cuda/lm_head_ce's training call (logits, CE, dx, dW)
+// on bench-h200's head (d 4096, vocab 151,936 tied, fp32 dW) at several chunk sizes, and its three
+// GEMMs alone at the chunk shapes, against a dense 8192^3 cuBLASLt GEMM measured in the same run.
+// Which chunk is fastest is what default_ce_chunk_rows (trainer/regions.hpp) assumes: the whole
+// micro-batch (one dW accumulation) rather than the 832-row chunks of sessions 1-7.
+//
+//   bench_lm_head [--json PATH] [--iters N]
+//
+// FLOPs of one call: 6·N·V·C (each GEMM 2·rows·V·C per chunk). Bytes it must move per chunk:
+// the logits written, read twice and dlogits written (4 × 2·rows·V, CE kernel 3 of them), W read
+// twice (2 × 2·V·C), dW read and written (8·V·C in fp32): the dW term is per chunk, so it shrinks
+// with the number of chunks. Printed: ms per call, TFLOP/s and the ratio to the dense GEMM.
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench/kernels/bench_util.cuh"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/lm_head_ce.hpp"
+#include "tier/cuda_check.hpp"
+
+namespace {
+
+namespace kc = ght::kernels::cuda;
+using bf16 = __nv_bfloat16;
+
+struct Row {
+  std::string what;
+  std::int64_t tokens = 0, rows = 0;
+  double ms = 0, flops = 0, bytes = 0;
+};
+
+__global__ void targets_kernel(std::int32_t* t, std::int64_t n, int v) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    t[i] = static_cast<std::int32_t>((static_cast<std::uint64_t>(i) * 2654435761u) % static_cast<unsigned>(v));
+  }
+}
+
+double dense_tflops(cudaStream_t stream, int iters) {
+  const std::int64_t n = 8192;
+  bf16* a = dev_alloc<bf16>(n * n);
+  bf16* b = dev_alloc<bf16>(n * n);
+  bf16* c = dev_alloc<bf16>(n * n);
+  fill(a, n * n, 1);
+  fill(b, n * n, 2);
+  kc::GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  const double ms = time_ms(stream, iters, [&] { kc::gemm(g, stream); });
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(b), static_cast<void*>(c)}) (void)cudaFree(p);
+  return 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path = "bench_lm_head.json";
+  int iters = 5;
+  if (!parse_json_iters(argc, argv, json_path, iters)) return 2;
+  try {
+    const cudaDeviceProp prop = device_banner();
+    cudaStream_t stream;
+    GHT_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const double dense = dense_tflops(stream, iters);
+    std::printf("# dense bf16 GEMM 8192^3: %.1f TFLOP/s\n", dense);
+
+    const int C = 4096, V = 151936;
+    const std::int64_t max_tokens = 16384, max_rows = 5504;
+    bf16* x = dev_alloc<bf16>(max_tokens * C);
+    bf16* w = dev_alloc<bf16>(static_cast<std::size_t>(V) * C);
+    bf16* dx = dev_alloc<bf16>(max_tokens * C);
+    float* dw = dev_alloc<float>(static_cast<std::size_t>(V) * C);
+    bf16* dw16 = dev_alloc<bf16>(static_cast<std::size_t>(V) * C);
+    auto* tg = dev_alloc<std::int32_t>(max_tokens);
+    auto* loss = dev_alloc<float>(1);
+    auto* valid = dev_alloc<std::int32_t>(1);
+    const std::size_t ws_bytes = kc::lm_head_ce_workspace_bytes(std::max<std::int64_t>(max_rows, 4096), V);
+    void* ws = dev_alloc<char>(ws_bytes);
+    fill(x, max_tokens * C, 3);
+    fill(w, static_cast<std::size_t>(V) * C, 4);
+    GHT_CUDA_TRY(cudaMemset(dw, 0, static_cast<std::size_t>(V) * C * 4));
+    GHT_CUDA_TRY(cudaMemset(dw16, 0, static_cast<std::size_t>(V) * C * 2));
+    targets_kernel<<<256, 256>>>(tg, max_tokens, V);
+    GHT_CUDA_CHECK_LAUNCH();
+    GHT_CUDA_TRY(cudaDeviceSynchronize());
+    kc::CeOutputs out;
+    out.loss = loss;
+    out.valid = valid;
+
+    std::vector<Row> rows;
+    // The whole call, per chunk size. 832: sessions 1-7 (256 MiB of logits); 4096: the whole
+    // micro-batch (the default now); 5504: the default for 16k-token micro-batches (3 chunks
+    // under 2 GiB).
+    struct Case { std::int64_t tokens, rows; bool bf16_dw; };
+    const Case cases[] = {{4096, 832, false},  {4096, 1024, false}, {4096, 2048, false},
+                          {4096, 4096, false}, {4096, 832, true},   {4096, 4096, true},
+                          {16384, 832, false}, {16384, 5504, false}};
+    for (const auto& cs : cases) {
+      const std::int64_t N = cs.tokens, r = cs.rows, chunks = (N + r - 1) / r;
+      const double ms = time_ms(stream, iters, [&] {
+        if (cs.bf16_dw) {
+          kc::lm_head_ce_forward_backward(out, dx, dw16, x, w, tg, N, C, V, 1.0f, kc::kCeIgnoreIndex, r, ws,
+                                          ws_bytes, stream);
+        } else {
+          kc::lm_head_ce_forward_backward(out, dx, dw, x, w, tg, N, C, V, 1.0f, kc::kCeIgnoreIndex, r, ws,
+                                          ws_bytes, stream);
+        }
+      });
+      const double dwb = cs.bf16_dw ? 4.0 : 8.0;
+      rows.push_back({std::string("LM head + CE fwd+bwd, dW ") + (cs.bf16_dw ? "bf16" : "fp32"), N, r, ms,
+                      6.0 * N * V * C, 8.0 * N * V + 2.0 * N * C * 3 + chunks * (4.0 * V * C + dwb * V * C)});
+    }
+    // Each GEMM alone at the chunk shapes (the logits chunk is the workspace).
+    auto* logits = static_cast<bf16*>(ws);
+    for (std::int64_t r : {832, 4096}) {
+      kc::GemmArgs f;  // logits (r, V) = x (r, C) · W^T
+      f.m = r; f.n = V; f.k = C; f.a = x; f.b = w; f.trans_b = true; f.c = logits;
+      kc::GemmArgs d;  // dx (r, C) = dlogits (r, V) · W
+      d.m = r; d.n = C; d.k = V; d.a = logits; d.b = w; d.c = dx;
+      kc::GemmArgs h;  // dW (V, C) += dlogits^T · x
+      h.m = V; h.n = C; h.k = r; h.a = logits; h.trans_a = true; h.b = x; h.c = dw; h.c_type = kc::DType::f32;
+      h.beta = 1.0f;
+      const double fl = 2.0 * r * V * C;
+      rows.push_back({"GEMM logits = x·W^T", r, r, time_ms(stream, iters, [&] { kc::gemm(f, stream); }), fl,
+                      2.0 * (r * C + static_cast<double>(V) * C + r * static_cast<double>(V))});
+      rows.push_back({"GEMM dx = dlogits·W", r, r, time_ms(stream, iters, [&] { kc::gemm(d, stream); }), fl,
+                      2.0 * (r * static_cast<double>(V) + static_cast<double>(V) * C + r * C)});
+      rows.push_back({"GEMM dW += dlogits^T·x (fp32)", r, r, time_ms(stream, iters, [&] { kc::gemm(h, stream); }),
+                      fl, 2.0 * (r * static_cast<double>(V) + r * C) + 8.0 * V * C});
+    }
+
+    if (FILE* f = std::fopen(json_path.c_str(), "w")) {
+      std::fprintf(f, "{\"device\": \"%s\", \"iters\": %d, \"d_model\": %d, \"vocab\": %d, \"dense_tflops\": %.2f, \"results\": [\n",
+                   prop.name, iters, C, V, dense);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const auto& r = rows[i];
+        std::fprintf(f,
+                     "  {\"what\": \"%s\", \"tokens\": %lld, \"rows\": %lld, \"ms\": %.5f, \"tflops\": %.2f, "
+                     "\"ratio_to_dense\": %.4f, \"gbps\": %.1f}%s\n",
+                     json_escape(r.what).c_str(), static_cast<long long>(r.tokens), static_cast<long long>(r.rows),
+                     r.ms, r.flops / (r.ms * 1e-3) / 1e12, r.flops / (r.ms * 1e-3) / 1e12 / dense,
+                     r.bytes / (r.ms * 1e-3) / 1e9, i + 1 < rows.size() ? "," : "");
+      }
+      std::fprintf(f, "]}\n");
+      std::fclose(f);
+      std::printf("# wrote %s\n", json_path.c_str());
+    }
+    std::printf("\n%-34s %7s %6s %9s %9s %7s %9s\n", "what", "tokens", "rows", "ms", "TFLOP/s", "/dense", "GB/s");
+    for (const auto& r : rows) {
+      const double tf = r.flops / (r.ms * 1e-3) / 1e12;
+      std::printf("%-34s %7lld %6lld %9.3f %9.1f %7.3f %9.0f\n", r.what.c_str(), static_cast<long long>(r.tokens),
+                  static_cast<long long>(r.rows), r.ms, tf, tf / dense, r.bytes / (r.ms * 1e-3) / 1e9);
+    }
+    for (void* p : {static_cast<void*>(x), static_cast<void*>(w), static_cast<void*>(dx), static_cast<void*>(dw),
+                    static_cast<void*>(dw16), static_cast<void*>(tg), static_cast<void*>(loss),
+                    static_cast<void*>(valid), ws})
+      (void)cudaFree(p);
+    (void)cudaStreamDestroy(stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_lm_head: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
