@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "optimizer/bf16.hpp"
 #include "trainer/dist/launch.hpp"
 
 namespace ght::dist {
@@ -46,12 +47,22 @@ class Communicator {
   /// A short name: "single" or "mpi".
   [[nodiscard]] virtual std::string name() const = 0;
   /// Element type of a collective's buffer.
-  enum class Type { f32, f64 };
+  enum class Type { f32, f64, bf16 };
 
   /// x[0..n) := the elementwise sum over ranks (the same result on every rank).
   /// @throws timeout_error, comm_error
   void allreduce_sum(float* x, std::size_t n);
   void allreduce_sum(double* x, std::size_t n);
+  /**
+   * @brief The same over bf16 values, sent as 2 bytes each (DiLoCo's bf16 pseudo-gradients).
+   * Each addition widens both operands to fp32, adds, and rounds the partial sum to bf16 (nearest
+   * even), so the result depends on the transport's reduction order; for N ranks it is within
+   * γ_{N-1}·Σ_r |x_r| of the exact sum, γ_k = k·u/(1 − k·u), u = 2^-8 (at most N−1 roundings of
+   * partial sums whose magnitudes are at most Σ_r |x_r|; ±Inf/NaN propagate; results below
+   * bf16's smallest normal add at most 2^-134 each). For two ranks it is exact order-free:
+   * bf16(x_0 + x_1).
+   */
+  void allreduce_sum(optimizer::bf16* x, std::size_t n);
   /**
    * @brief In place over blocks in rank order: x holds Σ counts[r] elements, rank r's block
    * (counts[r] of them) at offset counts[0] + ... + counts[r-1]. Afterwards this rank's block
@@ -74,6 +85,8 @@ class Communicator {
    * @throws ght::logic_error when one is already started; comm_error
    */
   void start_allreduce_sum(float* x, std::size_t n);
+  /// The same over bf16 values (the arithmetic of allreduce_sum(bf16*)).
+  void start_allreduce_sum(optimizer::bf16* x, std::size_t n);
   /// Let the started all-reduce progress (MPI moves non-blocking collectives inside its own
   /// calls); true when it has completed (or none is started).
   bool test_allreduce();
@@ -90,7 +103,7 @@ class Communicator {
   virtual void do_all_gather(void* x, std::span<const std::size_t> counts, Type t) = 0;
   virtual void do_broadcast(void* data, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
-  virtual void do_start_allreduce_sum(float* x, std::size_t n) = 0;
+  virtual void do_start_allreduce_sum(void* x, std::size_t n, Type t) = 0;
   virtual bool do_test_allreduce() = 0;
   virtual void do_wait_allreduce() = 0;
   /// Which rank(s) a collective with `root` (-1: none) waits for, for an error message.
@@ -102,6 +115,8 @@ class Communicator {
  private:
   int rank_, size_;
   std::chrono::duration<double> timeout_;
+  void start(void* x, std::size_t n, Type t);
+  void allreduce(void* x, std::size_t n, Type t);
   bool started_ = false;   // start_allreduce_sum without its wait_allreduce yet
   bool transfer_ = false;  // ...and it moves data (n > 0, several ranks)
 };
