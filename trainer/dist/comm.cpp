@@ -127,8 +127,10 @@ std::unique_ptr<Communicator> make_communicator(const Launch& l, std::chrono::du
   if (timeout.count() <= 0) timeout = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   if (l.launcher == Launcher::torchrun) {
     throw ght::config_error("a torchrun-style launch of " + std::to_string(l.world_size) +
-                            " processes (RANK/WORLD_SIZE/MASTER_ADDR): this build has no transport for it without MPI "
-                            "(no TCP store for MASTER_ADDR:MASTER_PORT); launch with mpirun or srun instead");
+                            " processes (RANK/WORLD_SIZE/MASTER_ADDR) with the CPU backend: its collectives go over "
+                            "MPI only, which a torchrun-style launch does not start; launch with mpirun -np " +
+                            std::to_string(l.world_size) + " or srun instead (train.backend=cuda can be launched "
+                            "torchrun-style: NCCL, set up through a TCP store at MASTER_ADDR:MASTER_PORT)");
   }
 #ifdef GHT_HAVE_MPI
   return detail::make_mpi_communicator(l, timeout);

@@ -10,8 +10,9 @@
  * size, its sequence number and the rank(s) it waited for where that is knowable (the root of a
  * broadcast; the other rank of two).
  *
- * Implementations: one process (world size 1; every collective returns at once) and MPI (built
- * when CMake finds MPI: GHT_HAVE_MPI). After any rank fails, the launcher (mpirun, srun) ends the
+ * Implementations: one process (world size 1; every collective returns at once), MPI (built
+ * when CMake finds MPI: GHT_HAVE_MPI), and for the CUDA backend of a torchrun-style launch NCCL
+ * staged through device memory (detail/comm_nccl.hpp, make_cuda_host_communicator). After any rank fails, the launcher (mpirun, srun) ends the
  * others: a rank that leaves by an exception skips MPI_Finalize, so it exits "improperly" and
  * mpirun stops the job instead of leaving the others to wait for their timeout.
  */
@@ -44,7 +45,7 @@ class Communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] std::chrono::duration<double> timeout() const noexcept { return timeout_; }
-  /// A short name: "single" or "mpi".
+  /// A short name: "single", "mpi", "tcp-store" (bootstrap only), "nccl-staged (nccl x.y.z)".
   [[nodiscard]] virtual std::string name() const = 0;
   /// Element type of a collective's buffer.
   enum class Type { f32, f64, bf16 };
@@ -129,7 +130,9 @@ class Communicator {
  * initialises MPI and checks its rank and size against `l`).
  * @param timeout per-collective deadline; <= 0: GHT_DIST_TIMEOUT
  * @throws ght::config_error when world size > 1 and this build has no MPI, or the launch is
- *         torchrun-style (no CPU transport for it yet); comm_error when MPI disagrees with `l`
+ *         torchrun-style (CPU collectives go over MPI only; the CUDA backend's host collectives
+ *         for such a launch: make_cuda_host_communicator, gpu_comm.hpp); comm_error when MPI
+ *         disagrees with `l`
  */
 [[nodiscard]] std::unique_ptr<Communicator> make_communicator(const Launch& l,
                                                               std::chrono::duration<double> timeout = {});
