@@ -6,8 +6,6 @@
 #include "trainer/dist/store.hpp"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,29 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "common/tcp_port.hpp"
 #include "tier/error.hpp"
 
 namespace {
 
 using namespace ght::dist;
+using ght::test::free_tcp_port;
 using std::chrono::duration;
-
-// A TCP port nothing listens on right now (bound to port 0, read back, released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ADD_FAILURE() << "no free port: " << std::strerror(errno);
-  }
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 // One process's outcome: how it ended and what it said.
 struct Outcome {
@@ -123,7 +106,7 @@ void require(bool ok, const std::string& what) {
 class StoreRanks : public testing::TestWithParam<int> {};
 
 TEST_P(StoreRanks, SetGetBarrierAndBroadcast) {
-  const int n = GetParam(), port = free_port();
+  const int n = GetParam(), port = free_tcp_port();
   const auto out = in_processes(n, [&](int rank) {
     TcpStore s("127.0.0.1", port, rank, n, duration<double>(20));
     require(s.rank() == rank && s.size() == n, "rank and size");
@@ -171,7 +154,7 @@ TEST_P(StoreRanks, SetGetBarrierAndBroadcast) {
 INSTANTIATE_TEST_SUITE_P(Ranks, StoreRanks, testing::Values(2, 4));
 
 TEST(Store, ARankThatNeverArrivesIsNamedAtTheDeadline) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   // World size 3, ranks 0 and 1 only: both time out in the join barrier naming rank 2.
   const auto out = in_processes(2, [&](int rank) { TcpStore s("127.0.0.1", port, rank, 3, duration<double>(1)); });
   const std::string addr = "127.0.0.1:" + std::to_string(port);
@@ -182,7 +165,7 @@ TEST(Store, ARankThatNeverArrivesIsNamedAtTheDeadline) {
 }
 
 TEST(Store, AGetThatNobodySetsNamesTheKeyAndTheRank) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   const auto out = in_processes(2, [&](int rank) {
     TcpStore s("127.0.0.1", port, rank, 2, duration<double>(1));
     if (rank == 1) (void)s.get("never", 0);
@@ -193,7 +176,7 @@ TEST(Store, AGetThatNobodySetsNamesTheKeyAndTheRank) {
 }
 
 TEST(Store, RankZeroLeavingEndsTheOthersWaitsNamingIt) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   const auto out = in_processes(2, [&](int rank) {
     // Rank 0 leaves at once: its server serves on for min(its deadline, 30 s), then closes.
     TcpStore s("127.0.0.1", port, rank, 2, duration<double>(rank == 0 ? 1 : 20));
@@ -204,7 +187,7 @@ TEST(Store, RankZeroLeavingEndsTheOthersWaitsNamingIt) {
 }
 
 TEST(Store, MismatchedWorldSizeFailsEveryRankNamingWorldSize) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   const auto out = in_processes(2, [&](int rank) {
     TcpStore s("127.0.0.1", port, rank, rank == 0 ? 2 : 3, duration<double>(10));
   });
@@ -215,7 +198,7 @@ TEST(Store, MismatchedWorldSizeFailsEveryRankNamingWorldSize) {
 }
 
 TEST(Store, TwoProcessesWithOneRankFailNamingRank) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   const int ranks[] = {0, 1, 1};
   const auto out = in_processes(3, [&](int i) { TcpStore s("127.0.0.1", port, ranks[i], 3, duration<double>(10)); });
   for (int i = 0; i < 3; ++i) {
@@ -225,26 +208,35 @@ TEST(Store, TwoProcessesWithOneRankFailNamingRank) {
 
 TEST(Store, ABusyPortIsNamedAsMasterPort) {
   // Something else listens on the port: rank 0 cannot serve there.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
+  const ght::test::BoundPort busy(true);
+  const int port = busy.port;
   try {
     TcpStore s("127.0.0.1", port, 0, 2, duration<double>(1));
     ADD_FAILURE() << "rank 0 served on a busy port";
   } catch (const ght::config_error& e) {
     EXPECT_NE(std::string(e.what()).find("MASTER_PORT=" + std::to_string(port)), std::string::npos) << e.what();
   }
-  ::close(fd);
+}
+
+// Under torchrun's agent (Launch::store_port = MASTER_PORT + 1) the messages name MASTER_PORT+1.
+TEST(Store, TheLaunchsStorePortIsUsedAndNamed) {
+  const ght::test::BoundPort busy(true);
+  Launch l;
+  l.launcher = Launcher::torchrun;
+  l.world_size = 2;
+  l.master_addr = "127.0.0.1";
+  l.master_port = busy.port - 1;
+  l.store_port = busy.port;
+  try {
+    TcpStore s(l, duration<double>(1));
+    ADD_FAILURE() << "rank 0 served on a busy port";
+  } catch (const ght::config_error& e) {
+    EXPECT_NE(std::string(e.what()).find("MASTER_PORT+1=" + std::to_string(busy.port)), std::string::npos) << e.what();
+  }
 }
 
 TEST(Store, NothingListeningAtTheAddressIsNamedAtTheDeadline) {
-  const int port = free_port();
+  const int port = free_tcp_port();
   try {
     TcpStore s("127.0.0.1", port, 1, 2, duration<double>(1));
     ADD_FAILURE() << "rank 1 joined a store nobody serves";
@@ -267,7 +259,7 @@ TEST(Store, BadArgumentsNameTheirVariable) {
   EXPECT_NE(message([] { TcpStore s("127.0.0.1", 0, 0, 2); }).find("MASTER_PORT=0"), std::string::npos);
   EXPECT_NE(message([] { TcpStore s("127.0.0.1", 29500, 2, 2); }).find("RANK=2"), std::string::npos);
   EXPECT_NE(message([] { TcpStore s("", 29500, 1, 2); }).find("MASTER_ADDR"), std::string::npos);
-  TcpStore one("127.0.0.1", free_port(), 0, 1, duration<double>(5));  // a world of one works alone
+  TcpStore one("127.0.0.1", free_tcp_port(), 0, 1, duration<double>(5));  // a world of one works alone
   one.set("k", "v");
   EXPECT_EQ(one.get("k"), "v");
   one.barrier("alone");

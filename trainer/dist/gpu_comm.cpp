@@ -107,6 +107,8 @@ std::unique_ptr<GpuCommunicator> make_gpu_communicator(Communicator& cpu, const 
                              : std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   }
 #ifdef GHT_HAVE_NCCL
+  // A torchrun-style launch's host communicator runs on NCCL already: its communicator serves.
+  if (auto shared = detail::shared_gpu_communicator(cpu, choice)) return shared;
   return detail::make_nccl_communicator(cpu, choice, timeout);
 #else
   (void)choice;

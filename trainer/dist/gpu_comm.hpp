@@ -113,7 +113,9 @@ struct GpuChoice {
 
 /**
  * @brief The NCCL communicator over the ranks of `cpu` (a collective over it), on `choice.device`,
- * which must be the current CUDA device. Gathers every rank's GPU and refuses two ranks on one
+ * which must be the current CUDA device. When `cpu` is the NCCL-staged host communicator
+ * (make_cuda_host_communicator, torchrun-style), its NCCL communicator is shared instead (no
+ * collective, no second NCCL communicator). Gathers every rank's GPU and refuses two ranks on one
  * (check_distinct_gpus) before NCCL starts. World size 1 makes a one-rank NCCL communicator.
  * @param timeout per-operation deadline; <= 0: cpu.timeout(), or GHT_DIST_TIMEOUT for size 1
  * @throws ght::config_error without NCCL in this build or for two ranks on one GPU;

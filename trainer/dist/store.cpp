@@ -155,7 +155,7 @@ std::string ranks_text(const std::vector<std::string>& missing, std::size_t pref
 
 class TcpStore::Server {
  public:
-  Server(int port, int world, std::string address, std::chrono::duration<double> linger)
+  Server(int port, const std::string& port_name, int world, std::string address, std::chrono::duration<double> linger)
       : world_(world), address_(std::move(address)), linger_(linger) {
     listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (listen_fd_ < 0) throw comm_error("TCP store: socket() failed: " + errno_text(errno));
@@ -168,7 +168,7 @@ class TcpStore::Server {
     if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 256) != 0) {
       const int e = errno;
       ::close(listen_fd_);
-      throw ght::config_error("MASTER_PORT=" + std::to_string(port) + ": rank 0 cannot serve the bootstrap store on "
+      throw ght::config_error(port_name + "=" + std::to_string(port) + ": rank 0 cannot serve the bootstrap store on "
                               "TCP port " + std::to_string(port) + " (" + errno_text(e) +
                               "); pick a free port (the same MASTER_PORT on every rank)");
     }
@@ -334,24 +334,28 @@ struct TcpStore::Reply {
 };
 
 TcpStore::TcpStore(const Launch& l, std::chrono::duration<double> timeout)
-    : TcpStore(l.master_addr, l.master_port, l.rank, l.world_size, timeout) {}
+    : TcpStore(l.master_addr, l.store_port > 0 ? l.store_port : l.master_port, l.rank, l.world_size, timeout,
+               l.store_port > 0 && l.store_port != l.master_port ? "MASTER_PORT+1" : "MASTER_PORT") {}
 
-TcpStore::TcpStore(std::string addr, int port, int rank, int world_size, std::chrono::duration<double> timeout)
-    : addr_(std::move(addr)), port_(port), rank_(rank), world_(world_size), timeout_(timeout) {
+TcpStore::TcpStore(std::string addr, int port, int rank, int world_size, std::chrono::duration<double> timeout,
+                   std::string port_name)
+    : addr_(std::move(addr)), port_(port), port_name_(std::move(port_name)), rank_(rank), world_(world_size),
+      timeout_(timeout) {
   if (world_ < 1) throw ght::config_error("WORLD_SIZE=" + std::to_string(world_) + ": must be at least 1");
   if (rank_ < 0 || rank_ >= world_) {
     throw ght::config_error("RANK=" + std::to_string(rank_) + ": not in 0.." + std::to_string(world_ - 1) +
                             " (WORLD_SIZE=" + std::to_string(world_) + ")");
   }
   if (port_ < 1 || port_ > 65535) {
-    throw ght::config_error("MASTER_PORT=" + std::to_string(port_) + ": not a TCP port (1..65535)");
+    throw ght::config_error(port_name_ + "=" + std::to_string(port_) + ": not a TCP port (1..65535)");
   }
   if (addr_.empty()) throw ght::config_error("MASTER_ADDR is empty: set it to rank 0's host name or address");
   if (timeout_.count() <= 0) {
     timeout_ = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   }
   if (rank_ == 0) {
-    server_ = std::make_unique<Server>(port_, world_, address(), std::min(timeout_, std::chrono::duration<double>(30)));
+    server_ = std::make_unique<Server>(port_, port_name_, world_, address(),
+                                       std::min(timeout_, std::chrono::duration<double>(30)));
   }
   try {
     connect_to_server();
@@ -431,7 +435,7 @@ void TcpStore::connect_to_server() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   throw ght::config_error("rank " + std::to_string(rank_) + " could not connect to the bootstrap store at " +
-                          "MASTER_ADDR:MASTER_PORT = " + address() + " within " + seconds_text(timeout_) +
+                          "MASTER_ADDR:" + port_name_ + " = " + address() + " within " + seconds_text(timeout_) +
                           " s (last error: " + last + "); rank 0 serves it there: check that rank 0 is running, "
                           "that MASTER_ADDR is its address and that every rank has the same MASTER_PORT "
                           "(GHT_DIST_TIMEOUT sets the limit in seconds)");

@@ -6,7 +6,8 @@
  * identities and a few barriers, nothing else. It is not a data transport (a value is at most
  * kStoreMaxValueBytes).
  *
- * Rank 0 listens on MASTER_PORT (every interface) and serves the store from a thread of its own;
+ * Rank 0 listens on MASTER_PORT (every interface; MASTER_PORT+1 under torchrun itself, whose agent
+ * serves its own store on MASTER_PORT: Launch::store_port) and serves the store from a thread of its own;
  * every rank, rank 0 included (over loopback), connects to MASTER_ADDR:MASTER_PORT, retrying
  * until the deadline while rank 0 is not listening yet, and announces its rank and world size.
  * The store refuses a world size that differs from rank 0's and a rank that has already joined:
@@ -47,8 +48,11 @@ class TcpStore {
    *         or RANK (two processes with one rank); timeout_error naming the ranks that never
    *         joined; comm_error when the connection to rank 0 breaks
    */
-  TcpStore(std::string addr, int port, int rank, int world_size, std::chrono::duration<double> timeout = {});
-  /// The store of a torchrun-style launch `l` (its MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+  /// @param port_name how messages name `port` (the variable it came from)
+  TcpStore(std::string addr, int port, int rank, int world_size, std::chrono::duration<double> timeout = {},
+           std::string port_name = "MASTER_PORT");
+  /// The store of a torchrun-style launch `l`: MASTER_ADDR, its store_port (MASTER_PORT, or
+  /// MASTER_PORT+1 under torchrun's agent), RANK, WORLD_SIZE.
   explicit TcpStore(const Launch& l, std::chrono::duration<double> timeout = {});
   ~TcpStore();
   TcpStore(const TcpStore&) = delete;
@@ -57,7 +61,7 @@ class TcpStore {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return world_; }
   [[nodiscard]] std::chrono::duration<double> timeout() const noexcept { return timeout_; }
-  /// "MASTER_ADDR:MASTER_PORT" as given, e.g. "127.0.0.1:29500".
+  /// The store's address as MASTER_ADDR:port, e.g. "127.0.0.1:29500".
   [[nodiscard]] std::string address() const;
 
   /// key := value (overwrites). @throws ght::logic_error for a value over kStoreMaxValueBytes
@@ -79,6 +83,7 @@ class TcpStore {
 
   std::string addr_;
   int port_;
+  std::string port_name_;  // "MASTER_PORT", or "MASTER_PORT+1" under torchrun's agent
   int rank_, world_;
   std::chrono::duration<double> timeout_;
   std::unique_ptr<Server> server_;  // rank 0

@@ -3,19 +3,20 @@
 // (a sum is the input, a broadcast the root's bytes), bit for bit, in chunks of every size
 // (a tail chunk, an element split never, more chunks than one of the default 64 MiB); and the
 // torchrun-style set-up itself (the TCP store, the GPU check and NCCL's id through it) for a
-// world of one. Built only with NCCL (tests/CMakeLists.txt); two ranks need two GPUs
-// (tests/cli/train_nccl_test.sh, not run yet).
+// world of one, and the GPU communicator that shares its NCCL communicator. Built only with NCCL (tests/CMakeLists.txt); two ranks need two GPUs
+// (tests/cli/train_nccl_test.sh, not run yet). Over one rank a sum is the identity whatever the
+// element type NCCL is told, so this checks the staging (chunks, offsets, copies both ways) and
+// the set-up, not the reduction: the type mapping is a switch over the enum (-Wswitch -Werror).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "common/gpu.hpp"
+#include "common/tcp_port.hpp"
 #include "optimizer/bf16.hpp"
 #include "tier/cuda_check.hpp"
 #include "trainer/dist/comm.hpp"
@@ -95,18 +96,6 @@ TEST(StagedComm, CollectivesOfOneRankMatchTheCpuInEveryChunking) {
   EXPECT_EQ(gpu->collectives(), small.chunks() + big.chunks()) << "one NCCL collective per chunk";
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The torchrun-style set-up for a world of one: the store on a free port, the GPU check and the
 // NCCL id through it, the staged communicator; then the GPU communicator the CUDA backend makes
 // over it (its set-up runs over the staged one).
@@ -115,7 +104,7 @@ TEST(StagedComm, TorchrunStyleSetUpOfOneRank) {
   Launch l;
   l.launcher = Launcher::torchrun;
   l.master_addr = "127.0.0.1";
-  l.master_port = free_port();
+  l.master_port = ght::test::free_tcp_port();
   const auto host = ght::dist::detail::make_store_nccl_communicator(l, std::chrono::duration<double>(60));
   EXPECT_EQ(host->name().rfind("nccl-staged (nccl ", 0), 0u) << host->name();
   EXPECT_EQ(host->size(), 1);
@@ -123,8 +112,24 @@ TEST(StagedComm, TorchrunStyleSetUpOfOneRank) {
   int dev = -1;
   GHT_CUDA_TRY(cudaGetDevice(&dev));
   EXPECT_EQ(dev, 0) << "the set-up makes this rank's GPU current";
+  // The CUDA backend's GPU communicator over it shares its NCCL communicator.
   const auto gpu = one_rank(*host);
   EXPECT_EQ(gpu->size(), 1);
+  EXPECT_EQ(host->name(), "nccl-staged (" + gpu->name() + ")");
+  const std::vector<float> in = random_values<float>(1000, 3);
+  float* d = nullptr;
+  GHT_CUDA_TRY(cudaMalloc(&d, in.size() * sizeof(float)));
+  GHT_CUDA_TRY(cudaMemcpy(d, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice));
+  cudaStream_t s = nullptr;
+  GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  gpu->allreduce(d, in.size(), GpuType::f32, GpuReduce::sum, s);
+  gpu->wait(s);
+  std::vector<float> out(in.size());
+  GHT_CUDA_TRY(cudaMemcpy(out.data(), d, in.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  (void)cudaStreamDestroy(s);
+  (void)cudaFree(d);
+  expect_same_bytes(out, in, "an all-reduce through the shared GPU communicator");
+  EXPECT_EQ(gpu->collectives(), 1u);
   host->barrier();
 }
 

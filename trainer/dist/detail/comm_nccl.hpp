@@ -59,6 +59,11 @@ class HostStaging {
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<GpuCommunicator> gpu,
                                                        std::size_t chunk_bytes = kStagingChunkBytes);
 
+/// When `host` is a staged communicator: a GpuCommunicator over its NCCL communicator (shared,
+/// so that one NCCL communicator serves both; make_gpu_communicator returns it). Else nullptr.
+/// @throws ght::logic_error when choice.device is not that communicator's device
+std::unique_ptr<GpuCommunicator> shared_gpu_communicator(Communicator& host, const GpuChoice& choice);
+
 /// make_cuda_host_communicator's torchrun-style half: this rank's GPU (choose_gpu), the store at
 /// MASTER_ADDR:MASTER_PORT, the NCCL communicator set up through it. `timeout` is resolved.
 std::unique_ptr<Communicator> make_store_nccl_communicator(const Launch& l, std::chrono::duration<double> timeout);

@@ -113,6 +113,7 @@ class StagedCommunicator final : public Communicator {
       : Communicator(gpu->rank(), gpu->size(), gpu->timeout()), gpu_(std::move(gpu)), staging_(*gpu_, chunk_bytes) {}
 
   [[nodiscard]] std::string name() const override { return "nccl-staged (" + gpu_->name() + ")"; }
+  [[nodiscard]] const std::shared_ptr<GpuCommunicator>& gpu() const noexcept { return gpu_; }
 
  protected:
   void do_allreduce_sum(void* x, std::size_t n, Type t) override { staging_.allreduce_sum(x, n, t); }
@@ -143,11 +144,49 @@ class StagedCommunicator final : public Communicator {
   void do_wait_allreduce() override {}
 
  private:
-  std::unique_ptr<GpuCommunicator> gpu_;  // before staging_, which uses it
+  std::shared_ptr<GpuCommunicator> gpu_;  // before staging_, which uses it
   HostStaging staging_;
 };
 
+// The staged communicator's NCCL communicator, for the CUDA backend's GPU collectives: one NCCL
+// communicator used from several streams (as ZeRO-1 already does), not two used at once, which
+// NCCL does not promise to order.
+class SharedGpuCommunicator final : public GpuCommunicator {
+ public:
+  explicit SharedGpuCommunicator(std::shared_ptr<GpuCommunicator> g)
+      : GpuCommunicator(g->rank(), g->size(), g->device(), g->timeout()), g_(std::move(g)) {}
+  [[nodiscard]] std::string name() const override { return g_->name(); }
+
+ protected:
+  void do_allreduce(void* x, std::size_t n, GpuType t, GpuReduce op, cudaStream_t s, const std::string&) override {
+    g_->allreduce(x, n, t, op, s);
+  }
+  void do_reduce_scatter(const void* in, void* out, std::size_t n, GpuType t, GpuReduce op, cudaStream_t s,
+                         const std::string&) override {
+    g_->reduce_scatter(in, out, n, t, op, s);
+  }
+  void do_all_gather(const void* in, void* out, std::size_t n, GpuType t, cudaStream_t s, const std::string&) override {
+    g_->all_gather(in, out, n, t, s);
+  }
+  void do_broadcast(void* x, std::size_t bytes, int root, cudaStream_t s, const std::string&) override {
+    g_->broadcast(x, bytes, root, s);
+  }
+  void do_wait(cudaStream_t s) override { g_->wait(s); }
+
+ private:
+  std::shared_ptr<GpuCommunicator> g_;
+};
+
 }  // namespace
+
+std::unique_ptr<GpuCommunicator> shared_gpu_communicator(Communicator& host, const GpuChoice& choice) {
+  const auto* staged = dynamic_cast<const StagedCommunicator*>(&host);
+  if (staged == nullptr) return nullptr;
+  GHT_EXPECTS(choice.device == staged->gpu()->device(),
+              "make_gpu_communicator: device " + std::to_string(choice.device) + ", but the host communicator's NCCL "
+              "runs on device " + std::to_string(staged->gpu()->device()));
+  return std::make_unique<SharedGpuCommunicator>(staged->gpu());
+}
 
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<GpuCommunicator> gpu, std::size_t chunk_bytes) {
   GHT_EXPECTS(gpu != nullptr, "make_staged_communicator: no GPU communicator");
