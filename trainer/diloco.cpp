@@ -19,10 +19,11 @@ alloc::unique_block host_block(alloc::tiered_allocator& a, std::size_t n, Tensor
   return b;
 }
 
-// Δ_r, rounded to bf16 when asked.
-float pseudo_grad(float global, float local, bool bf16) {
-  const float delta = global - local;
-  return bf16 ? optimizer::bf16_bits_to_float(optimizer::float_to_bf16_bits(delta)) : delta;
+// The bf16 wire buffer (bf16 pseudo-gradients only): n values, 2 bytes each.
+alloc::unique_block wire_block(alloc::tiered_allocator& a, std::size_t n, bool bf16) {
+  if (!bf16) return {};
+  return alloc::unique_block(a, n * sizeof(optimizer::bf16),
+                             alloc::AllocRequest{TensorClass::other, "diloco.pseudo_grad_bf16", TierKind::host, false});
 }
 
 // One element of the outer step, fp32 as torch.optim.SGD(nesterov=True): Δ (averaged) into the
@@ -51,9 +52,14 @@ DilocoOuter::DilocoOuter(const DilocoConfig& cfg, std::size_t n, dist::Communica
       alloc_(a),
       global_(host_block(a, n, TensorClass::master, "diloco.global")),
       momentum_(host_block(a, n, TensorClass::other, "diloco.momentum")),
-      local_(host_block(a, n, TensorClass::other, "diloco.pseudo_grad")) {
+      local_(host_block(a, n, TensorClass::other, "diloco.pseudo_grad")),
+      wire_(wire_block(a, n, cfg.bf16_pseudo_grads)) {
   GHT_EXPECTS(cfg.on(), "DilocoOuter: diloco.inner_steps must be > 0");
   GHT_EXPECTS(n > 0, "DilocoOuter: no parameters");
+}
+
+std::size_t DilocoOuter::wire_bytes(std::size_t n) const noexcept {
+  return n * (cfg_.bf16_pseudo_grads ? sizeof(optimizer::bf16) : sizeof(float));
 }
 
 double DilocoOuter::step() {
@@ -62,11 +68,26 @@ double DilocoOuter::step() {
   float* d = local_.as<float>();
   const auto n = static_cast<std::ptrdiff_t>(n_);
   const bool bf16 = cfg_.bf16_pseudo_grads;
+  optimizer::bf16* w = bf16 ? wire_.as<optimizer::bf16>() : nullptr;
+  if (bf16) {
 #pragma omp parallel for schedule(static)
-  for (std::ptrdiff_t i = 0; i < n; ++i) d[i] = pseudo_grad(g[i], d[i], bf16);
+    for (std::ptrdiff_t i = 0; i < n; ++i) w[i] = optimizer::to_bf16(g[i] - d[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t i = 0; i < n; ++i) d[i] = g[i] - d[i];
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  comm_.allreduce_sum(d, n_);
+  if (bf16) {
+    comm_.allreduce_sum(w, n_);
+  } else {
+    comm_.allreduce_sum(d, n_);
+  }
   allreduce_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  allreduce_bytes_ = wire_bytes(n_);
+  if (bf16) {
+#pragma omp parallel for schedule(static)
+    for (std::ptrdiff_t i = 0; i < n; ++i) d[i] = optimizer::to_float(w[i]);
+  }
   // fp32 throughout, as torch.optim.SGD(nesterov=True) on fp32 parameters.
   const auto ranks = static_cast<float>(comm_.size());
   const auto lr = static_cast<float>(cfg_.outer_lr), mu = static_cast<float>(cfg_.outer_momentum);
@@ -153,12 +174,20 @@ void DilocoOuter::send(std::size_t p, std::int64_t step) {
   const std::size_t n = fragment_size(p);
   const float* g = global_.as<float>();
   const float* l = local_.as<float>();
-  float* d = send_.as<float>();
   std::size_t k = 0;
-  for (const dist::Range& r : fragments_[p]) {
-    for (std::size_t i = r.begin; i < r.end; ++i) d[k++] = pseudo_grad(g[i], l[i], cfg_.bf16_pseudo_grads);
+  if (cfg_.bf16_pseudo_grads) {
+    optimizer::bf16* w = wire_.as<optimizer::bf16>();
+    for (const dist::Range& r : fragments_[p]) {
+      for (std::size_t i = r.begin; i < r.end; ++i) w[k++] = optimizer::to_bf16(g[i] - l[i]);
+    }
+    comm_.start_allreduce_sum(w, n);
+  } else {
+    float* d = send_.as<float>();
+    for (const dist::Range& r : fragments_[p]) {
+      for (std::size_t i = r.begin; i < r.end; ++i) d[k++] = g[i] - l[i];
+    }
+    comm_.start_allreduce_sum(d, n);
   }
-  comm_.start_allreduce_sum(d, n);
   pending_ = p;
   sent_at_ = step;
   summed_ = false;
@@ -166,11 +195,16 @@ void DilocoOuter::send(std::size_t p, std::int64_t step) {
 
 std::span<const float> DilocoOuter::settle() {
   if (!pending_) return {};
+  const std::size_t n = fragment_size(*pending_);
   if (!summed_) {
     comm_.wait_allreduce();
+    if (cfg_.bf16_pseudo_grads) {  // the sum widens exactly: a checkpoint holds the bf16 values
+      const optimizer::bf16* w = wire_.as<optimizer::bf16>();
+      std::transform(w, w + n, send_.as<float>(), [](optimizer::bf16 b) { return optimizer::to_float(b); });
+    }
     summed_ = true;
   }
-  return {send_.as<float>(), fragment_size(*pending_)};
+  return {send_.as<float>(), n};
 }
 
 void DilocoOuter::restore_pending(std::size_t p, std::int64_t sent_at, std::span<const float> sum) {
@@ -188,6 +222,7 @@ double DilocoOuter::apply(std::size_t p) {
   const auto t0 = std::chrono::steady_clock::now();
   (void)settle();
   allreduce_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  allreduce_bytes_ = wire_bytes(fragment_size(p));
   float* g = global_.as<float>();
   float* buf = momentum_.as<float>();
   float* l = local_.as<float>();

@@ -9,16 +9,20 @@
  * step, so that the final model holds every worker's work) the outer step runs:
  *
  *   Δ_r   = θ_global − θ_local,r                  this rank's pseudo-gradient (fp32; rounded to
- *                                                 bf16 first when bf16_pseudo_grads)
- *   Δ     = (Σ_r Δ_r) / N                         one fp32 all-reduce
+ *                                                 bf16 when bf16_pseudo_grads)
+ *   Δ     = (Σ_r Δ_r) / N                         one all-reduce (fp32, or bf16), the division fp32
  *   buf   = μ·buf + Δ                             PyTorch SGD, nesterov=True, dampening 0
  *   θ_global −= lr_outer·(Δ + μ·buf)
  *   θ_local,r = θ_global                          on every rank; the inner AdamW state stays
  *
  * θ_global and buf are identical on every rank (the same inputs, the same arithmetic) and live in
  * host memory from the run's tiered allocator (classes master and other), as does the Δ buffer.
- * bf16_pseudo_grads rounds each Δ_r to bf16 (nearest even) but still sends fp32 (the
- * Communicator has no bf16 sum): it gives the precision of a bf16 exchange, not its bytes.
+ * bf16_pseudo_grads rounds each Δ_r to bf16 (nearest even) and all-reduces the bf16 values
+ * (Communicator::allreduce_sum(bf16*): 2 bytes per value on the wire, half of fp32's), each
+ * partial sum rounded to bf16, so Σ_r Δ_r is within γ_{N-1}·Σ_r |Δ_r| of the exact sum
+ * (γ_k = k·2^-8/(1 − k·2^-8); exact for N = 2) and may depend on the transport's reduction
+ * order; the sum is widened to fp32 (exactly) for the rest of the step. A checkpoint taken with a
+ * fragment in flight holds its widened sum, so resume stays exact.
  *
  * On equivalence with data parallel: with H = 1, lr_outer = 1, μ = 0 the outer step gives
  * θ_global = fl(θ_global − fl(Σ_r Δ_r / N)), i.e. the mean of the workers' θ_local up to rounding.
@@ -102,6 +106,9 @@ class DilocoOuter {
   /// Wall seconds the last step() or apply() waited for its pseudo-gradient all-reduce (for
   /// apply(): the part not hidden behind the inner steps).
   [[nodiscard]] double last_allreduce_seconds() const noexcept { return allreduce_seconds_; }
+  /// Bytes of the buffer that the last step() or apply() all-reduced, per rank (4 per value in
+  /// fp32, 2 with bf16_pseudo_grads): what each rank hands the transport, not its traffic.
+  [[nodiscard]] std::size_t last_allreduce_bytes() const noexcept { return allreduce_bytes_; }
 
   // ---- streaming (DilocoConfig::streaming()) ----
   /// The flat element ranges of each fragment, in fragment order (disjoint).
@@ -132,12 +139,15 @@ class DilocoOuter {
 
  private:
   [[nodiscard]] std::size_t fragment_size(std::size_t p) const;
+  [[nodiscard]] std::size_t wire_bytes(std::size_t n) const noexcept;
   DilocoConfig cfg_;
   std::size_t n_;
   dist::Communicator& comm_;
   alloc::tiered_allocator& alloc_;
   alloc::unique_block global_, momentum_, local_;
+  alloc::unique_block wire_;  // bf16_pseudo_grads: the pseudo-gradients as sent (n bf16)
   double allreduce_seconds_ = 0;
+  std::size_t allreduce_bytes_ = 0;
   std::vector<std::vector<dist::Range>> fragments_;
   alloc::unique_block send_;  // the pending fragment's pseudo-gradients, packed (streaming)
   std::optional<std::size_t> pending_;

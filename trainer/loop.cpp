@@ -125,6 +125,7 @@ std::optional<nlohmann::ordered_json> outer_work(TrainBackend& be, Diloco& d, co
     // The outer work's time (state copies, the all-reduce or its unhidden wait, the update).
     j["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     j["allreduce_seconds"] = d.outer.last_allreduce_seconds();
+    j["allreduce_bytes"] = d.outer.last_allreduce_bytes();  // per rank: 4 per value, 2 with bf16 pseudo-gradients
     return j;
   };
   // The whole model's outer step: every θ_local in, θ_global out.

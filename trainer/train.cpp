@@ -256,10 +256,11 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   cfg.validate();
   const dist::Launch launch = dist::detect_launch(dist::process_env());
   if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
-    // Several processes need NCCL (GPU data) and MPI (its set-up): refused before anything runs.
+    // Several processes need NCCL (GPU data) and MPI or, torchrun-style, the TCP store (its
+    // set-up): refused before anything runs.
     dist::check_gpu_launch(launch, dist::have_nccl(), dist::have_mpi());
 #ifdef GHT_HAVE_CUDA
-    return train_cuda(cfg, run, dist::make_communicator(launch));
+    return train_cuda(cfg, run, dist::make_cuda_host_communicator(launch));
 #else
     throw ght::logic_error("train.backend=cuda: this build has no CUDA (nvcc was not found at configure time)");
 #endif

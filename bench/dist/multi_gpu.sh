@@ -2,7 +2,14 @@
 # The multi-GPU benchmark of issue 17, in one call on a machine with N >= 2 GPUs:
 #
 #   bench/dist/multi_gpu.sh [--gpus N] [--parts check,scale,diloco,loss] [--out DIR] [--ght BIN]
+#                           [--launcher mpirun|torchrun]
 #   bench/dist/multi_gpu.sh --dry-run       # here, without GPUs: the CPU backend, tiny models, 2 ranks
+#
+# --launcher torchrun starts the N-rank runs with torchrun's environment instead of mpirun
+# (scripts/torchrun_env.sh: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; NCCL set up
+# through the TCP store, the host collectives NCCL-staged). Not with --dry-run (the CPU backend's
+# collectives need MPI). The check part runs tests/cli/train_nccl_test.sh either way (it launches
+# both ways itself).
 #
 # Parts (each its own runs under $OUT, a markdown summary last: $OUT/summary.md, summary.json):
 #   check   correctness: tests/cli/train_nccl_test.sh (2 GPUs x 1 micro-batch vs 1 GPU x 2 within
@@ -43,13 +50,15 @@ gpus=""
 parts="check,scale,diloco,loss"
 out=""
 dry=0
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+launcher=mpirun
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --gpus) gpus=${2:?--gpus needs a number}; shift 2 ;;
     --parts) parts=${2:?--parts needs a list}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --ght) ght=${2:?--ght needs a path}; shift 2 ;;
+    --launcher) launcher=${2:?--launcher needs mpirun or torchrun}; shift 2 ;;
     --dry-run) dry=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "multi_gpu.sh: unknown argument '$1' (--help lists them)" >&2; exit 2 ;;
@@ -59,6 +68,11 @@ for p in ${parts//,/ }; do
   case "$p" in check|scale|diloco|loss) ;; *) echo "multi_gpu.sh: unknown part '$p' in --parts (check, scale, diloco, loss)" >&2; exit 2 ;; esac
 done
 want() { [[ ",$parts," == *",$1,"* ]]; }
+case "$launcher" in
+  mpirun) ;;
+  torchrun) [ "$dry" -eq 0 ] || { echo "multi_gpu.sh: --launcher torchrun needs GPUs (the CPU backend's collectives go over MPI; --dry-run uses mpirun)" >&2; exit 2; } ;;
+  *) echo "multi_gpu.sh: --launcher $launcher: mpirun or torchrun" >&2; exit 2 ;;
+esac
 [ -x "$ght" ] || { echo "multi_gpu.sh: $ght is not an executable (build it: scripts/build.sh --target ght, or --ght PATH)" >&2; exit 2; }
 mpirun=$(command -v mpirun || true)
 [ -n "$mpirun" ] || { echo "multi_gpu.sh: mpirun not found (scripts/install-deps.sh installs Open MPI)" >&2; exit 2; }
@@ -97,6 +111,7 @@ run() {
 }
 mpi=("$mpirun" -np "$gpus")  # a command, so that `timeout` can run it
 [ "$dry" -eq 1 ] && mpi+=(--oversubscribe)
+[ "$launcher" = torchrun ] && mpi=("$root/scripts/torchrun_env.sh" --nproc "$gpus" --)
 : >"$out/status.txt"
 
 # The models and data of each part: the real ones, or --dry-run's tiny stand-ins on the CPU.
@@ -164,5 +179,5 @@ fi
 
 # ---- summary --------------------------------------------------------------------------------
 note "summary"
-DRY=$dry GPUS=$gpus PARTS=$parts ACCUM=$accum LOSS_H=$loss_h python3 bench/dist/summary.py "$out" | tee "$out/summary.md"
+DRY=$dry GPUS=$gpus LAUNCHER=$launcher PARTS=$parts ACCUM=$accum LOSS_H=$loss_h python3 bench/dist/summary.py "$out" | tee "$out/summary.md"
 ! grep -qv ' 0$' "$out/status.txt"

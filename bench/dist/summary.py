@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The markdown summary of bench/dist/multi_gpu.sh: reads the runs under OUT, prints markdown,
-writes OUT/summary.json. Usage: summary.py OUT (environment: DRY, GPUS, PARTS, ACCUM, LOSS_H)."""
+writes OUT/summary.json. Usage: summary.py OUT (environment: DRY, GPUS, LAUNCHER, PARTS, ACCUM, LOSS_H)."""
 import json
 import os
 import statistics
@@ -11,7 +11,8 @@ runs = os.path.join(out, "runs")
 dry = os.environ.get("DRY") == "1"
 gpus = int(os.environ.get("GPUS", "2"))
 parts = os.environ.get("PARTS", "").split(",")
-summary = {"gpus": gpus, "dry_run": dry, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+launcher = os.environ.get("LAUNCHER", "mpirun")
+summary = {"gpus": gpus, "dry_run": dry, "launcher": launcher, "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
 
 
 def records(run, kind):
@@ -56,7 +57,7 @@ try:
 except OSError:
     pass
 
-print(f"# Multi-GPU benchmark ({'DRY RUN on the CPU backend: checks the script, not a measurement' if dry else f'{gpus} GPUs'})\n")
+print(f"# Multi-GPU benchmark ({'DRY RUN on the CPU backend: checks the script, not a measurement' if dry else f'{gpus} GPUs'}, launched by {launcher})\n")
 print("NCCL environment: " + (", ".join(f"{k}={v}" for k, v in sorted(summary["nccl_env"].items())) or "(none set)") + "\n")
 print("| run | exit |\n| --- | --- |")
 for name, rc in status.items():

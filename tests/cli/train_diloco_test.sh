@@ -17,6 +17,7 @@
 #    0.3%; checked > 1e-4): each worker's AdamW step normalises its own gradient, and the mean of
 #    two AdamW updates is not the AdamW update of the mean gradient. The outer step's arithmetic
 #    itself is checked against a reference in tests/trainer/mpi/diloco_mpi_test.cpp.
+#    With bf16 pseudo-gradients the outer records' allreduce_bytes are half of fp32's.
 # 4. Exact resume on 2 ranks, H=3, 8 steps: stopped at step 4 (inside the window 4..6, where the
 #    ranks' weights differ), resumed: steps 5-8 and the outer records are bit-identical, and so
 #    are the final checkpoint's weights, momentum and both shards.
@@ -72,6 +73,14 @@ assert rel > 1e-4, f"step 2 differs by only {rel:.1e}: are the gradients still a
 print(f"2 ranks, H=1 lr 1 momentum 0 vs data parallel: step 1 identical, step 2 differs by {rel:.1e} (AdamW is not linear)")
 PY
 [ "$(grep -c '"type":"outer"' "$work/dl2/log.jsonl")" -eq 3 ] || fail "expected 3 outer records with H=1 over 3 steps"
+np 2 "${args[@]}" --steps 3 --out "$work/dl2b" "${sync_args[@]}" -o diloco.bf16_pseudo_grads=true >"$work/dl2b.out" 2>&1 \
+  || { cat "$work/dl2b.out"; fail "2-rank DiLoCo with bf16 pseudo-gradients failed"; }
+python3 - "$work/dl2/log.jsonl" "$work/dl2b/log.jsonl" <<'PY' || fail "bf16 pseudo-gradients do not halve the all-reduce's bytes"
+import json, sys
+a, b = ([r["allreduce_bytes"] for r in map(json.loads, open(p)) if r.get("type") == "outer"] for p in sys.argv[1:])
+assert len(a) == len(b) == 3 and all(x == 2 * y > 0 for x, y in zip(a, b)), (a, b)
+print(f"bf16 pseudo-gradients: {b[0]} bytes per rank per outer all-reduce, fp32 {a[0]}")
+PY
 
 # 4. Exact resume on 2 ranks from inside a window.
 h3=("${args[@]}" --steps 8 -o diloco.inner_steps=3)

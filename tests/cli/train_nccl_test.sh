@@ -3,9 +3,11 @@
 # `mpirun -np 2 ght train`.
 #
 # 1. Refusals that need neither a GPU nor mpirun: a torchrun-style launch of 2 processes with
-#    train.backend=cuda is refused before anything runs: in a build with NCCL because NCCL's
-#    set-up goes over MPI (the message names RANK/WORLD_SIZE/MASTER_ADDR), in one without because
-#    it has no NCCL (the CUDA backend runs as one process).
+#    train.backend=cuda of which only rank 0 starts fails: in a build with NCCL at the TCP store's
+#    deadline (GHT_DIST_TIMEOUT=5), naming rank 1 and the address (without a GPU: naming the
+#    missing device first), in one without NCCL because it has none (the CUDA backend runs as
+#    one process). The CPU backend's torchrun-style refusal (use mpirun) is
+#    tests/trainer/dist_comm_test.cpp.
 # 2. With NCCL, mpirun and one GPU or more: two ranks on one GPU are refused (GHT_DEVICE=0 on
 #    both: the message names GHT_DEVICE, LOCAL_RANK and CUDA_VISIBLE_DEVICES), and so are more
 #    ranks on a node than visible GPUs (CUDA_VISIBLE_DEVICES=0: the message names the local-rank
@@ -26,6 +28,10 @@
 #    the optimizer state (ZeRO-1, the default); the same with replicated state is held to the
 #    same bounds. Rank 0 alone writes: one log.jsonl with 5 step records, one "done:" line, the
 #    checkpoint (one zero.rank file per rank).
+#    The same 2-GPU run launched torchrun-style (scripts/torchrun_env.sh: RANK, WORLD_SIZE,
+#    LOCAL_RANK, MASTER_ADDR, MASTER_PORT, no mpirun): NCCL set up through the TCP store, the host
+#    collectives NCCL-staged; within the same bounds of the mpirun run; and DiLoCo H=2 the same
+#    way (its outer all-reduce NCCL-staged) against the mpirun DiLoCo run. Not run on 2 GPUs yet.
 # 4. With two GPUs: resume on 2 GPUs (stop at 3, resume) within those bounds of the uninterrupted run
 #    (not bitwise: cuDNN's atomics); the 2-GPU checkpoint resumes on 1 GPU (resharded);
 #    `ght export --hf` of it holds every tensor, within 1e-3 of the largest weight of the
@@ -39,16 +45,20 @@ base=("${small_args[@]}" --data "$work/data" -o train.backend=cuda -o train.log_
 args=("${base[@]}" --steps 5 -o train.eval_every=5)
 
 # 1. Refusals.
-if WORLD_SIZE=2 RANK=0 MASTER_ADDR=localhost MASTER_PORT=29500 "$ght" train "${args[@]}" --out "$work/torchrun" \
-    >"$work/torchrun.out" 2>&1; then
-  fail "train.backend=cuda with WORLD_SIZE=2 (torchrun-style) was accepted"
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+if GHT_DIST_TIMEOUT=5 WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$ght" train "${args[@]}" \
+    --out "$work/torchrun" >"$work/torchrun.out" 2>&1; then
+  fail "train.backend=cuda with WORLD_SIZE=2 (torchrun-style) ran without rank 1"
 fi
 if grep -q "this build has no NCCL" "$work/torchrun.out"; then
   grep -q "CUDA backend runs as one process" "$work/torchrun.out" || { cat "$work/torchrun.out"; fail "no clear no-NCCL refusal"; }
   nccl=no
 else
-  grep -q "RANK/WORLD_SIZE/MASTER_ADDR say torchrun-style" "$work/torchrun.out" && grep -q "needs MPI" "$work/torchrun.out" \
-    || { cat "$work/torchrun.out"; fail "no clear torchrun refusal"; }
+  grep -q -e "rank 1 of 2 never arrived within 5 s" -e "no CUDA device is visible" "$work/torchrun.out" \
+    || { cat "$work/torchrun.out"; fail "a torchrun-style launch without rank 1: no clear error"; }
+  if grep -q "never arrived" "$work/torchrun.out"; then
+    grep -q "the store at 127.0.0.1:$port" "$work/torchrun.out" || { cat "$work/torchrun.out"; fail "the store's address is not named"; }
+  fi
   nccl=yes
 fi
 
@@ -127,6 +137,11 @@ PY
 [ "$(grep -c '^done:' "$work/two.out")" -eq 1 ] || { cat "$work/two.out"; fail "expected one 'done:' line"; }
 [ -f "$work/two/ckpt_00000005/COMMITTED" ] || fail "no checkpoint at step 5"
 [ -f "$work/two/ckpt_00000005/zero.rank_00001.safetensors" ] || fail "the 2-GPU checkpoint has no rank 1 shard"
+"$root/scripts/torchrun_env.sh" --nproc 2 -- "$ght" train "${args[@]}" --out "$work/two_t" -o model.grad_accum=1 \
+  >"$work/two_t.out" 2>&1 || { cat "$work/two_t.out"; fail "the torchrun-style 2-GPU launch failed"; }
+grep -q "set up over nccl-staged" "$work/two_t.out" || { cat "$work/two_t.out"; fail "torchrun-style: no NCCL-staged host communicator"; }
+echo -n "2 GPUs launched torchrun-style against mpirun: "
+compare steps "$work/two" "$work/two_t" 1e-3 0 1e-2 || fail "2 GPUs torchrun-style vs mpirun"
 np2 "$ght" train "${args[@]}" --out "$work/two_r" -o model.grad_accum=1 -o dist.optimizer_state=replicated \
   >"$work/two_r.out" 2>&1 || { cat "$work/two_r.out"; fail "2 GPUs with replicated state failed"; }
 compare steps "$work/two" "$work/two_r" 1e-3 0 1e-2 || fail "2 GPUs sharded vs replicated"
@@ -153,3 +168,10 @@ l = [r["loss"] for r in map(json.loads, open(sys.argv[1])) if r.get("type") == "
 assert l[-1] < l[0], l
 print(f"2-GPU DiLoCo H=2: loss {l[0]:.3f} -> {l[-1]:.3f} over {len(l)} steps")
 PY
+# DiLoCo launched torchrun-style: the outer all-reduce goes through NCCL (staged) instead of MPI.
+"$root/scripts/torchrun_env.sh" --nproc 2 -- "$ght" train "${base[@]}" --steps 8 --out "$work/diloco2t" -o model.grad_accum=1 \
+  -o diloco.inner_steps=2 -o train.eval_every=4 >"$work/diloco2t.out" 2>&1 \
+  || { cat "$work/diloco2t.out"; fail "2-GPU DiLoCo launched torchrun-style failed"; }
+[ "$(grep -c '"type":"outer"' "$work/diloco2t/log.jsonl")" -eq 4 ] || fail "expected 4 outer records from torchrun-style DiLoCo"
+echo -n "2-GPU DiLoCo torchrun-style against mpirun: "
+compare steps "$work/diloco2" "$work/diloco2t" 1e-3 0 1e-2 || fail "torchrun-style 2-GPU DiLoCo vs mpirun"

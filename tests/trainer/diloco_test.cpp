@@ -60,6 +60,7 @@ void check_against_reference(bool bf16) {
       g[i] = g[i] - 0.7f * (d + 0.9f * buf[i]);  // grad.add(buf, alpha=momentum); p.add_(grad, alpha=-lr)
     }
     EXPECT_NEAR(norm, std::sqrt(sq), 1e-12 * std::sqrt(sq)) << "outer step " << s;
+    EXPECT_EQ(o.last_allreduce_bytes(), n * (bf16 ? 2 : 4)) << "bf16 pseudo-gradients go as 2 bytes each";
     for (std::size_t i = 0; i < n; ++i) {
       ASSERT_NEAR(o.global()[i], g[i], 1e-7f) << "outer step " << s << " parameter " << i;
       ASSERT_EQ(o.local()[i], o.global()[i]) << "θ_local is set to θ_global";

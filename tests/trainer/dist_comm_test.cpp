@@ -55,7 +55,8 @@ TEST(DistComm, TorchrunOfSeveralIsRefusedOnTheCpu) {
     (void)make_communicator(l);
     FAIL() << "no error";
   } catch (const ght::config_error& e) {
-    EXPECT_NE(std::string(e.what()).find("mpirun or srun"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("launch with mpirun -np 2 or srun"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("CPU backend"), std::string::npos) << e.what();
   }
 }
 

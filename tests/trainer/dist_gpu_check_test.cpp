@@ -60,11 +60,23 @@ TEST(GpuLaunch, SeveralWithoutNcclAreRefused) {
   EXPECT_TRUE(has(m, "rank 1 of 2")) << m;  // the launch is named
 }
 
-TEST(GpuLaunch, TorchrunOfSeveralNeedsMpi) {
-  const std::string m = config_error_of([] { check_gpu_launch(launch(Launcher::torchrun, 0, 2, 0), true, true); });
-  EXPECT_TRUE(has(m, "RANK/WORLD_SIZE/MASTER_ADDR")) << m;
-  EXPECT_TRUE(has(m, "needs MPI")) << m;
-  EXPECT_TRUE(has(m, "mpirun -np 2")) << m;
+// torchrun-style: NCCL is set up through the TCP store, so MPI is not needed; NCCL is.
+TEST(GpuLaunch, TorchrunOfSeveralNeedsNcclButNotMpi) {
+  EXPECT_NO_THROW(check_gpu_launch(launch(Launcher::torchrun, 0, 2, 0), true, false));
+  EXPECT_NO_THROW(check_gpu_launch(launch(Launcher::torchrun, 1, 2, 1), true, true));
+  const std::string m = config_error_of([] { check_gpu_launch(launch(Launcher::torchrun, 0, 2, 0), false, true); });
+  EXPECT_TRUE(has(m, "this build has no NCCL")) << m;
+  EXPECT_TRUE(has(m, "launched by torchrun")) << m;  // the launch is named
+}
+
+// Without NCCL the torchrun-style host communicator of the CUDA backend is refused by name; a
+// world of one needs nothing.
+TEST(GpuLaunch, TorchrunHostCommunicatorWithoutNccl) {
+  EXPECT_EQ(make_cuda_host_communicator(launch(Launcher::torchrun, 0, 1, 0))->name(), "single");
+  if (have_nccl()) GTEST_SKIP() << "this build has NCCL (trainer_dist_staged_comm_test runs it on a GPU)";
+  const std::string m = config_error_of([] { (void)make_cuda_host_communicator(launch(Launcher::torchrun, 0, 2, 0)); });
+  EXPECT_TRUE(has(m, "torchrun-style launch of 2 processes")) << m;
+  EXPECT_TRUE(has(m, "this build has no NCCL")) << m;
 }
 
 TEST(GpuLaunch, SeveralWithoutMpiAreRefused) {

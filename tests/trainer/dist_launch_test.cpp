@@ -56,6 +56,21 @@ TEST(DistLaunch, Torchrun) {
   EXPECT_EQ(l.local_rank, 1);
   EXPECT_EQ(l.master_addr, "10.0.0.1");
   EXPECT_EQ(l.master_port, 29500);
+  EXPECT_EQ(l.store_port, 29500);  // the bootstrap store's: MASTER_PORT itself
+}
+
+// Under torchrun itself the agent's store holds MASTER_PORT: ght's bootstrap store takes the next.
+TEST(DistLaunch, TorchrunsAgentStoreMovesTheBootstrapStoreOnePortUp) {
+  Env env{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  EXPECT_EQ(detect_launch(env).store_port, 29501);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_EQ(detect_launch(env).store_port, 29500);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["MASTER_PORT"] = "65535";
+  const std::string m = error_of(env);
+  EXPECT_NE(m.find("MASTER_PORT=65535"), std::string::npos) << m;
+  EXPECT_NE(m.find("TORCHELASTIC_USE_AGENT_STORE"), std::string::npos) << m;
 }
 
 TEST(DistLaunch, TorchrunOfOneNeedsNoMaster) {

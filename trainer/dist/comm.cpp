@@ -9,19 +9,16 @@ namespace ght::dist {
 Communicator::Communicator(int rank, int size, std::chrono::duration<double> timeout)
     : rank_(rank), size_(size), timeout_(timeout) {}
 
-void Communicator::allreduce_sum(float* x, std::size_t n) {
+void Communicator::allreduce(void* x, std::size_t n, Type t) {
   ++calls_;
   if (n == 0 || size_ == 1) return;
   GHT_EXPECTS(x != nullptr, "allreduce_sum: null buffer");
-  do_allreduce_sum(x, n, Type::f32);
+  do_allreduce_sum(x, n, t);
 }
 
-void Communicator::allreduce_sum(double* x, std::size_t n) {
-  ++calls_;
-  if (n == 0 || size_ == 1) return;
-  GHT_EXPECTS(x != nullptr, "allreduce_sum: null buffer");
-  do_allreduce_sum(x, n, Type::f64);
-}
+void Communicator::allreduce_sum(float* x, std::size_t n) { allreduce(x, n, Type::f32); }
+void Communicator::allreduce_sum(double* x, std::size_t n) { allreduce(x, n, Type::f64); }
+void Communicator::allreduce_sum(optimizer::bf16* x, std::size_t n) { allreduce(x, n, Type::bf16); }
 
 void Communicator::reduce_scatter_sum(float* x, std::span<const std::size_t> counts) {
   ++calls_;
@@ -59,15 +56,18 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
   do_broadcast(data, bytes, root);
 }
 
-void Communicator::start_allreduce_sum(float* x, std::size_t n) {
+void Communicator::start(void* x, std::size_t n, Type t) {
   ++calls_;
   GHT_EXPECTS(!started_, "start_allreduce_sum: an all-reduce started before has not been waited for");
   started_ = true;
   transfer_ = n > 0 && size_ > 1;
   if (!transfer_) return;
   GHT_EXPECTS(x != nullptr, "start_allreduce_sum: null buffer");
-  do_start_allreduce_sum(x, n);
+  do_start_allreduce_sum(x, n, t);
 }
+
+void Communicator::start_allreduce_sum(float* x, std::size_t n) { start(x, n, Type::f32); }
+void Communicator::start_allreduce_sum(optimizer::bf16* x, std::size_t n) { start(x, n, Type::bf16); }
 
 bool Communicator::test_allreduce() {
   if (!started_ || !transfer_) return true;
@@ -103,7 +103,7 @@ class SingleCommunicator final : public Communicator {
   void do_allreduce_sum(void*, std::size_t, Type) override {}
   void do_reduce_scatter_sum(void*, std::span<const std::size_t>, Type) override {}
   void do_all_gather(void*, std::span<const std::size_t>, Type) override {}
-  void do_start_allreduce_sum(float*, std::size_t) override {}
+  void do_start_allreduce_sum(void*, std::size_t, Type) override {}
   bool do_test_allreduce() override { return true; }
   void do_wait_allreduce() override {}
   void do_broadcast(void*, std::size_t, int) override {}
@@ -127,8 +127,10 @@ std::unique_ptr<Communicator> make_communicator(const Launch& l, std::chrono::du
   if (timeout.count() <= 0) timeout = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   if (l.launcher == Launcher::torchrun) {
     throw ght::config_error("a torchrun-style launch of " + std::to_string(l.world_size) +
-                            " processes (RANK/WORLD_SIZE/MASTER_ADDR): this build has no transport for it without MPI "
-                            "(no TCP store for MASTER_ADDR:MASTER_PORT); launch with mpirun or srun instead");
+                            " processes (RANK/WORLD_SIZE/MASTER_ADDR) with the CPU backend: its collectives go over "
+                            "MPI only, which a torchrun-style launch does not start; launch with mpirun -np " +
+                            std::to_string(l.world_size) + " or srun instead (train.backend=cuda can be launched "
+                            "torchrun-style: NCCL, set up through a TCP store at MASTER_ADDR:MASTER_PORT)");
   }
 #ifdef GHT_HAVE_MPI
   return detail::make_mpi_communicator(l, timeout);

@@ -11,13 +11,34 @@
 
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "trainer/dist/detail/comm_nccl.hpp"
 #include "trainer/dist/detail/gpu_comm_nccl.hpp"
 
 namespace ght::dist {
 
-std::string_view to_string(GpuType t) noexcept { return t == GpuType::f32 ? "fp32" : "bf16"; }
+namespace {
+const char* const kNoNccl =
+    "this build has no NCCL (CMake did not find nccl.h and libnccl.so.2: scripts/install-deps.sh installs the "
+    "nvidia-nccl-cu13 wheel into .pydeps/, or set GHT_NCCL_DIR)";
+}  // namespace
+
+std::string_view to_string(GpuType t) noexcept {
+  switch (t) {
+    case GpuType::f32: return "fp32";
+    case GpuType::bf16: return "bf16";
+    case GpuType::f64: return "fp64";
+  }
+  return "?";
+}
 std::string_view to_string(GpuReduce op) noexcept { return op == GpuReduce::sum ? "sum" : "avg"; }
-std::size_t element_size(GpuType t) noexcept { return t == GpuType::f32 ? 4 : 2; }
+std::size_t element_size(GpuType t) noexcept {
+  switch (t) {
+    case GpuType::f32: return 4;
+    case GpuType::bf16: return 2;
+    case GpuType::f64: return 8;
+  }
+  return 1;
+}
 
 GpuCommunicator::GpuCommunicator(int rank, int size, int device, std::chrono::duration<double> timeout)
     : rank_(rank), size_(size), device_(device), timeout_(timeout) {}
@@ -86,14 +107,31 @@ std::unique_ptr<GpuCommunicator> make_gpu_communicator(Communicator& cpu, const 
                              : std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
   }
 #ifdef GHT_HAVE_NCCL
+  // A torchrun-style launch's host communicator runs on NCCL already: its communicator serves.
+  if (auto shared = detail::shared_gpu_communicator(cpu, choice)) return shared;
   return detail::make_nccl_communicator(cpu, choice, timeout);
 #else
   (void)choice;
-  throw ght::config_error("GPU collectives over " + std::to_string(cpu.size()) +
-                          " process(es): this build has no NCCL (CMake did not find nccl.h and libnccl.so.2: "
-                          "scripts/install-deps.sh installs the nvidia-nccl-cu13 wheel into .pydeps/, or set "
-                          "GHT_NCCL_DIR; it needs CUDA as well)");
+  throw ght::config_error("GPU collectives over " + std::to_string(cpu.size()) + " process(es): " + kNoNccl +
+                          "; it needs CUDA as well");
 #endif
+}
+
+std::unique_ptr<Communicator> make_cuda_host_communicator(const Launch& l, std::chrono::duration<double> timeout) {
+  if (l.world_size == 1 || l.launcher != Launcher::torchrun) return make_communicator(l, timeout);
+  if (timeout.count() <= 0) timeout = std::chrono::duration<double>(config::cfg().get_float(config::Key::GHT_DIST_TIMEOUT));
+#ifdef GHT_HAVE_NCCL
+  return detail::make_store_nccl_communicator(l, timeout);
+#else
+  throw ght::config_error("train.backend=cuda in a torchrun-style launch of " + std::to_string(l.world_size) +
+                          " processes (" + l.describe() + "): " + kNoNccl);
+#endif
+}
+
+std::optional<int> configured_device() {
+  const config::Registry& reg = config::cfg();
+  if (reg.source(config::Key::GHT_DEVICE) == config::Source::Default) return std::nullopt;
+  return static_cast<int>(reg.get_int(config::Key::GHT_DEVICE));
 }
 
 // ---- launch checks -------------------------------------------------------------------------------
@@ -103,17 +141,11 @@ void check_gpu_launch(const Launch& l, bool nccl_built, bool mpi_built) {
   const std::string what = "train.backend=cuda in a launch of " + std::to_string(l.world_size) + " processes (" +
                            l.describe() + "): ";
   if (!nccl_built) {
-    throw ght::config_error(what + "this build has no NCCL (CMake did not find nccl.h and libnccl.so.2: "
-                                   "scripts/install-deps.sh installs the nvidia-nccl-cu13 wheel into .pydeps/, or set "
-                                   "GHT_NCCL_DIR), so the CUDA backend runs as one process; set train.backend=cpu for "
-                                   "data parallel over MPI, or launch one process");
+    throw ght::config_error(what + kNoNccl + ", so the CUDA backend runs as one process; set train.backend=cpu for "
+                                   "data parallel over MPI (launched by mpirun), or launch one process");
   }
-  if (l.launcher == Launcher::torchrun) {
-    throw ght::config_error(what + "RANK/WORLD_SIZE/MASTER_ADDR say torchrun-style, but NCCL's set-up goes over MPI in "
-                                   "this build (there is no TCP store for MASTER_ADDR:MASTER_PORT): a torchrun-style "
-                                   "launch of more than one process needs MPI; launch with mpirun -np " +
-                            std::to_string(l.world_size) + " (or srun) instead");
-  }
+  // torchrun-style: NCCL is set up through the TCP store at MASTER_ADDR:MASTER_PORT, no MPI needed.
+  if (l.launcher == Launcher::torchrun) return;
   if (!mpi_built) {
     throw ght::config_error(what + "NCCL's set-up (its unique id, the GPU check) goes over MPI, and this build has no "
                                    "MPI (CMake did not find it; scripts/install-deps.sh installs Open MPI)");

@@ -14,9 +14,15 @@
  * ght::dist::comm_error with NCCL's error string. The communicator is non-blocking
  * (ncclConfig_t::blocking = 0), so creating it is bounded by the same deadline.
  *
- * The NCCL unique id travels from rank 0 to the others over the CPU Communicator (MPI). Before
- * that, every rank's GPU (host name, PCI bus id, UUID) is gathered over it, and two ranks on one
- * GPU are refused with an error naming the variables that chose it (check_distinct_gpus).
+ * The NCCL unique id travels from rank 0 to the others over the CPU Communicator: MPI, or for a
+ * torchrun-style launch the bootstrap TCP store (trainer/dist/store.hpp, through
+ * make_store_communicator). Before that, every rank's GPU (host name, PCI bus id, UUID) is
+ * gathered over it, and two ranks on one GPU are refused with an error naming the variables that
+ * chose it (check_distinct_gpus).
+ *
+ * make_cuda_host_communicator gives the CUDA backend its host-side Communicator: MPI where the
+ * launch has it, and for a torchrun-style launch one whose collectives go through NCCL, staged
+ * through a small device buffer (trainer/dist/detail/comm_nccl.hpp).
  *
  * The pure pieces (the device choice, the duplicate check, the launch check) need neither CUDA
  * nor NCCL and are unit-tested on the CPU (tests/trainer/dist_gpu_check_test.cpp).
@@ -39,9 +45,9 @@ using cudaStream_t = CUstream_st*;
 
 namespace ght::dist {
 
-enum class GpuType { f32, bf16 };
+enum class GpuType { f32, bf16, f64 };
 enum class GpuReduce { sum, avg };
-[[nodiscard]] std::string_view to_string(GpuType t) noexcept;     ///< "fp32", "bf16"
+[[nodiscard]] std::string_view to_string(GpuType t) noexcept;     ///< "fp32", "bf16", "fp64"
 [[nodiscard]] std::string_view to_string(GpuReduce op) noexcept;  ///< "sum", "avg"
 [[nodiscard]] std::size_t element_size(GpuType t) noexcept;
 
@@ -107,7 +113,9 @@ struct GpuChoice {
 
 /**
  * @brief The NCCL communicator over the ranks of `cpu` (a collective over it), on `choice.device`,
- * which must be the current CUDA device. Gathers every rank's GPU and refuses two ranks on one
+ * which must be the current CUDA device. When `cpu` is the NCCL-staged host communicator
+ * (make_cuda_host_communicator, torchrun-style), its NCCL communicator is shared instead (no
+ * collective, no second NCCL communicator). Gathers every rank's GPU and refuses two ranks on one
  * (check_distinct_gpus) before NCCL starts. World size 1 makes a one-rank NCCL communicator.
  * @param timeout per-operation deadline; <= 0: cpu.timeout(), or GHT_DIST_TIMEOUT for size 1
  * @throws ght::config_error without NCCL in this build or for two ranks on one GPU;
@@ -116,11 +124,29 @@ struct GpuChoice {
 [[nodiscard]] std::unique_ptr<GpuCommunicator> make_gpu_communicator(Communicator& cpu, const GpuChoice& choice,
                                                                      std::chrono::duration<double> timeout = {});
 
+/**
+ * @brief The host-side Communicator of a CUDA-backend run in launch `l`: make_communicator(l) for
+ * one process and for mpirun / srun launches; for a torchrun-style launch of several processes
+ * (no MPI there) an NCCL one set up through the bootstrap TCP store at MASTER_ADDR:MASTER_PORT, on
+ * this rank's GPU (choose_gpu: GHT_DEVICE when set, else LOCAL_RANK), whose collectives copy the
+ * host buffers through a 64 MiB device buffer and a pinned twin, chunk by chunk. Its background
+ * all-reduce completes inside start_allreduce_sum (no overlap).
+ * @param timeout per-collective deadline; <= 0: GHT_DIST_TIMEOUT
+ * @throws ght::config_error for a torchrun-style launch without NCCL in this build, and as
+ *         make_communicator, TcpStore and make_gpu_communicator do
+ */
+[[nodiscard]] std::unique_ptr<Communicator> make_cuda_host_communicator(const Launch& l,
+                                                                        std::chrono::duration<double> timeout = {});
+
+/// GHT_DEVICE when it was set (env, file or flag), none when it has its default.
+[[nodiscard]] std::optional<int> configured_device();
+
 // ---- launch checks: pure, no CUDA or NCCL ----------------------------------------------------
 
 /**
- * @brief The CUDA backend may run in launch `l`: world size 1, or more with NCCL and a CPU
- * transport for its bootstrap (MPI; a torchrun-style launch of several processes has none).
+ * @brief The CUDA backend may run in launch `l`: world size 1, or more with NCCL and a transport
+ * for its bootstrap (MPI for mpirun / srun launches; a torchrun-style launch brings its own TCP
+ * store).
  * @throws ght::config_error naming the launch and what is missing
  */
 void check_gpu_launch(const Launch& l, bool nccl_built, bool mpi_built);

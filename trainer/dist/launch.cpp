@@ -113,6 +113,15 @@ Launch detect_launch(const Env& env) {
     const std::string* port = find(env, "MASTER_PORT");
     if (addr != nullptr) l.master_addr = *addr;
     if (port != nullptr) l.master_port = parse("MASTER_PORT", *port, 1, 65535);
+    l.store_port = l.master_port;
+    const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+    if (agent != nullptr && *agent == "True" && l.master_port > 0) {
+      if (l.master_port == 65535) {
+        fail("MASTER_PORT=65535 under torchrun (TORCHELASTIC_USE_AGENT_STORE=True): torchrun's agent serves its "
+             "store on MASTER_PORT and ght's bootstrap store takes MASTER_PORT+1; pick a lower --master-port");
+      }
+      l.store_port = l.master_port + 1;
+    }
     if (l.world_size > 1) {
       if (l.master_addr.empty()) {
         fail("MASTER_ADDR is " + std::string(addr ? "empty" : "not set") + " but WORLD_SIZE=" +

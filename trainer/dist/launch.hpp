@@ -15,7 +15,8 @@
  *
  * Every value is checked: a decimal integer, world size >= 1, 0 <= rank < world size,
  * 0 <= local rank < world size, and for a torchrun-style launch of more than one process
- * MASTER_ADDR and MASTER_PORT (1..65535). Errors (ght::config_error) name the variable.
+ * MASTER_ADDR and MASTER_PORT (1..65535; below 65535 under torchrun's agent, whose store holds
+ * MASTER_PORT: ours then takes the next port). Errors (ght::config_error) name the variable.
  *
  * The environment is passed in as a map, so tests need not touch the process environment.
  */
@@ -40,8 +41,12 @@ struct Launch {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;       ///< rank among the processes of this node
-  std::string master_addr;  ///< torchrun-style only (a rendezvous for a later NCCL bootstrap)
+  std::string master_addr;  ///< torchrun-style only: where rank 0 serves the bootstrap store
   int master_port = 0;
+  /// The bootstrap store's port (trainer/dist/store.hpp): MASTER_PORT, or MASTER_PORT + 1 under
+  /// torchrun itself, whose agent serves its own store on MASTER_PORT (it says so by
+  /// TORCHELASTIC_USE_AGENT_STORE=True).
+  int store_port = 0;
   /// e.g. "rank 1 of 2 (local rank 1), launched by open-mpi"
   [[nodiscard]] std::string describe() const;
 };

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "optimizer/bf16.hpp"
 #include "tier/error.hpp"
 #include "trainer/dist/detail/comm_mpi.hpp"
 
@@ -16,10 +17,33 @@ namespace ght::dist::detail {
 
 namespace {
 
-MPI_Datatype mpi_type(Communicator::Type t) { return t == Communicator::Type::f32 ? MPI_FLOAT : MPI_DOUBLE; }
-std::size_t elem_size(Communicator::Type t) { return t == Communicator::Type::f32 ? sizeof(float) : sizeof(double); }
-const char* what(Communicator::Type t) { return t == Communicator::Type::f32 ? " floats" : " doubles"; }
-void* at_elem(void* x, std::size_t i, Communicator::Type t) { return static_cast<char*>(x) + i * elem_size(t); }
+using Type = Communicator::Type;
+
+std::size_t elem_size(Type t) {
+  switch (t) {
+    case Type::f32: return sizeof(float);
+    case Type::f64: return sizeof(double);
+    case Type::bf16: return sizeof(optimizer::bf16);
+  }
+  return 1;
+}
+const char* what(Type t) {
+  switch (t) {
+    case Type::f32: return " floats";
+    case Type::f64: return " doubles";
+    case Type::bf16: return " bf16";
+  }
+  return "";
+}
+void* at_elem(void* x, std::size_t i, Type t) { return static_cast<char*>(x) + i * elem_size(t); }
+
+// MPI has no bf16: a 2-byte contiguous type and a sum that widens to fp32, adds and rounds to
+// nearest even (comm.hpp states the bound this gives). Commutative, so MPI may reorder freely.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const optimizer::bf16*>(in);
+  auto* b = static_cast<optimizer::bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = optimizer::to_bf16(optimizer::to_float(a[i]) + optimizer::to_float(b[i]));
+}
 
 // Block offsets in rank order; the last entry is the total.
 std::vector<std::size_t> displacements(std::span<const std::size_t> counts) {
@@ -38,15 +62,23 @@ std::string mpi_error_text(int code) {
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(int rank, int size, std::chrono::duration<double> timeout, std::size_t max_elems, bool owns_mpi)
-      : Communicator(rank, size, timeout), max_elems_(max_elems), owns_mpi_(owns_mpi) {}
+      : Communicator(rank, size, timeout), max_elems_(max_elems), owns_mpi_(owns_mpi) {
+    check(MPI_Type_contiguous(2, MPI_BYTE, &bf16_type_), "MPI_Type_contiguous (bf16)");
+    check(MPI_Type_commit(&bf16_type_), "MPI_Type_commit (bf16)");
+    check(MPI_Op_create(&bf16_sum, /*commute=*/1, &bf16_sum_op_), "MPI_Op_create (bf16 sum)");
+  }
 
   ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) {
+      if (bf16_sum_op_ != MPI_OP_NULL) MPI_Op_free(&bf16_sum_op_);
+      if (bf16_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&bf16_type_);
+    }
     // After a failed collective a request is still pending, and while an exception unwinds the
     // other ranks may be inside a collective: MPI_Finalize could block in either case. Exiting
     // without it makes mpirun end the job. Only the communicator that initialised MPI ends it.
     if (!owns_mpi_) return;
-    int finalized = 0;
-    MPI_Finalized(&finalized);
     if (!failed_ && std::uncaught_exceptions() == 0 && finalized == 0) MPI_Finalize();
   }
 
@@ -59,7 +91,8 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t at = 0; at < n; at += max_elems_) {
       MPI_Request req = MPI_REQUEST_NULL;
       const std::size_t len = std::min(max_elems_, n - at);
-      check(MPI_Iallreduce(MPI_IN_PLACE, at_elem(x, at, t), count(len, op), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req),
+      check(MPI_Iallreduce(MPI_IN_PLACE, at_elem(x, at, t), count(len, op), mpi_type(t), sum_op(t), MPI_COMM_WORLD,
+                           &req),
             op);
       wait(req, op, -1);
     }
@@ -77,7 +110,7 @@ class MpiCommunicator final : public Communicator {
       std::vector<int> recv(counts.size());
       for (std::size_t r = 0; r < counts.size(); ++r) recv[r] = count(counts[r], op);
       MPI_Request req = MPI_REQUEST_NULL;
-      check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, recv.data(), mpi_type(t), MPI_SUM, MPI_COMM_WORLD, &req), op);
+      check(MPI_Ireduce_scatter(MPI_IN_PLACE, x, recv.data(), mpi_type(t), sum_op(t), MPI_COMM_WORLD, &req), op);
       wait(req, op, -1);
       // In place, MPI leaves this rank's block at the start of the buffer.
       if (displ[me] > 0 && counts[me] > 0) {
@@ -90,7 +123,7 @@ class MpiCommunicator final : public Communicator {
         const std::size_t len = std::min(max_elems_, counts[r] - at);
         void* p = at_elem(x, displ[r] + at, t);
         MPI_Request req = MPI_REQUEST_NULL;
-        check(MPI_Ireduce(r == me ? MPI_IN_PLACE : p, r == me ? p : nullptr, count(len, op), mpi_type(t), MPI_SUM,
+        check(MPI_Ireduce(r == me ? MPI_IN_PLACE : p, r == me ? p : nullptr, count(len, op), mpi_type(t), sum_op(t),
                           static_cast<int>(r), MPI_COMM_WORLD, &req),
               op);
         wait(req, op, static_cast<int>(r));
@@ -131,12 +164,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   // In pieces of max_elems_, all started at once; waited for together.
-  void do_start_allreduce_sum(float* x, std::size_t n) override {
-    started_op_ = "background allreduce_sum of " + std::to_string(n) + " floats";
+  void do_start_allreduce_sum(void* x, std::size_t n, Type t) override {
+    started_op_ = "background allreduce_sum of " + std::to_string(n) + what(t);
     for (std::size_t at = 0; at < n; at += max_elems_) {
       MPI_Request& req = started_.emplace_back(MPI_REQUEST_NULL);
       const std::size_t len = std::min(max_elems_, n - at);
-      check(MPI_Iallreduce(MPI_IN_PLACE, x + at, count(len, started_op_), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
+      check(MPI_Iallreduce(MPI_IN_PLACE, at_elem(x, at, t), count(len, started_op_), mpi_type(t), sum_op(t),
+                           MPI_COMM_WORLD, &req),
             started_op_);
     }
   }
@@ -166,6 +200,16 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  [[nodiscard]] MPI_Datatype mpi_type(Type t) const {
+    switch (t) {
+      case Type::f32: return MPI_FLOAT;
+      case Type::f64: return MPI_DOUBLE;
+      case Type::bf16: return bf16_type_;
+    }
+    return MPI_DATATYPE_NULL;
+  }
+  [[nodiscard]] MPI_Op sum_op(Type t) const { return t == Type::bf16 ? bf16_sum_op_ : MPI_SUM; }
+
   [[nodiscard]] std::string where() const {
     return " (collective #" + std::to_string(calls_) + ", on rank " + std::to_string(rank()) + " of " +
            std::to_string(size()) + ")";
@@ -212,6 +256,8 @@ class MpiCommunicator final : public Communicator {
   std::size_t max_elems_;  // elements per MPI call
   std::vector<MPI_Request> started_;  // the background all-reduce's pieces
   std::string started_op_;
+  MPI_Datatype bf16_type_ = MPI_DATATYPE_NULL;  // 2 contiguous bytes
+  MPI_Op bf16_sum_op_ = MPI_OP_NULL;            // bf16_sum
   bool owns_mpi_;          // this one initialised MPI: it finalises it
   bool failed_ = false;
 };

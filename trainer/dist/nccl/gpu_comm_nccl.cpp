@@ -21,7 +21,14 @@ namespace ght::dist::detail {
 
 namespace {
 
-ncclDataType_t nccl_type(GpuType t) { return t == GpuType::f32 ? ncclFloat32 : ncclBfloat16; }
+ncclDataType_t nccl_type(GpuType t) {
+  switch (t) {
+    case GpuType::f32: return ncclFloat32;
+    case GpuType::bf16: return ncclBfloat16;
+    case GpuType::f64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
 ncclRedOp_t nccl_op(GpuReduce op) { return op == GpuReduce::sum ? ncclSum : ncclAvg; }
 
 std::string nccl_version_text() {
