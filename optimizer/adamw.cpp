@@ -859,6 +859,11 @@ void AdamW::set_weight(std::size_t r, void* weight) {
   impl_->configure(rs);
 }
 
+void AdamW::set_weight_extrapolation(double x) {
+  GHT_EXPECTS(std::isfinite(x), "AdamW weight extrapolation must be finite");
+  impl_->opts.hyper.weight_extrapolation = x;
+}
+
 CUevent_st* AdamW::chunk_event(std::size_t r, std::size_t c) const {
   const Impl::RegionState& rs = impl_->at(r);
   GHT_EXPECTS(c < rs.chunks, "chunk " + std::to_string(c) + " out of range for region '" +

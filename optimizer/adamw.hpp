@@ -217,6 +217,9 @@ class AdamW {
   /// Point region r's bf16 weight output at a new buffer, same place rules as Region::weight
   /// (waits for pending updates first). The trainer's delayed update alternates two.
   void set_weight(std::size_t r, void* weight);
+  /// AdamWHyper::weight_extrapolation for the steps begun from now on (the delayed update turns
+  /// its prediction on when its exact warm-up ends).
+  void set_weight_extrapolation(double x);
 
   /// master = float(weight) for every region with a weight (init from a bf16 checkpoint).
   void init_master_from_weights();

@@ -491,7 +491,7 @@ void CudaRun::setup() {
   }
   optimizer::AdamWOptions ao;
   ao.hyper = cfg_.adam;
-  ao.hyper.weight_extrapolation = trainer::delay_weight_extrapolation();  // 0 in exact mode
+  ao.hyper.weight_extrapolation = 0;  // step() sets the delayed update's prediction per step
   ao.cpu_threads = cfg_.threads;
   if (data_parallel()) ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
   if (shards_) ao.combine_sumsq = sumsq_over_ranks(*s_.comm);  // the norm over every rank's shard
@@ -1035,6 +1035,9 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   speculate_now_ = false;
   cur_->rotated = false;
   if (delayed) rotate_delayed_buffers();
+  // The prediction only where the next step computes one update behind: the exact warm-up's
+  // updates write plain bf16 master, which the next step computes with.
+  opt_->set_weight_extrapolation(delayed ? delay_weight_extrapolation() : 0.0);
   join_timer();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
