@@ -664,7 +664,7 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     }
     if (be.delayed_update()) {
       for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
-      const long long warm = config::cfg().get_int(config::Key::GHT_OPT_DELAY_WARMUP);
+      const long long warm = delay_warmup_steps();
       char what[200];
       std::snprintf(what, sizeof what,
                     "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), while update k runs, from step %lld on",

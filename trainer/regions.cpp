@@ -358,9 +358,9 @@ optimizer::GradType hbm_grad_type() {
 
 bool delayed_update() { return config::cfg().get_bool(config::Key::GHT_OPT_DELAY); }
 
-bool delayed_at(std::int64_t done) {
-  return delayed_update() && done >= config::cfg().get_int(config::Key::GHT_OPT_DELAY_WARMUP);
-}
+std::int64_t delay_warmup_steps() { return config::cfg().get_int(config::Key::GHT_OPT_DELAY_WARMUP); }
+
+bool delayed_at(std::int64_t done) { return delayed_update() && done >= delay_warmup_steps(); }
 
 double delay_weight_extrapolation() {
   return delayed_update() ? config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) : 0.0;

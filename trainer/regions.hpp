@@ -137,8 +137,10 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 /// The delayed update's weight prediction (GHT_OPT_DELAY_PREDICT; optimizer::AdamWHyper::
 /// weight_extrapolation): 0 without GHT_OPT_DELAY.
 [[nodiscard]] double delay_weight_extrapolation();
+/// GHT_OPT_DELAY_WARMUP: the delayed update's exact steps before the delay starts.
+[[nodiscard]] std::int64_t delay_warmup_steps();
 /// Whether the step after `done` completed steps runs delayed: GHT_OPT_DELAY on and `done` past
-/// GHT_OPT_DELAY_WARMUP (the exact warm-up).
+/// delay_warmup_steps().
 [[nodiscard]] bool delayed_at(std::int64_t done);
 /// HBM the CUDA trainer's delayed update holds (a second bf16 weight buffer and a second
 /// gradient buffer of hbm_grad_type()); 0 when GHT_OPT_DELAY is off.
