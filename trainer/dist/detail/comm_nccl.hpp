@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "alloc/resource.hpp"
 #include "trainer/dist/comm.hpp"
 #include "trainer/dist/gpu_comm.hpp"
 #include "trainer/dist/launch.hpp"
@@ -24,7 +25,8 @@ inline constexpr std::size_t kStagingChunkBytes = std::size_t{64} << 20;
  */
 class HostStaging {
  public:
-  /// On gpu.device(); allocates 2 × chunk_bytes (device and pinned) and a stream.
+  /// On gpu.device(); allocates 2 × chunk_bytes (device and pinned, through alloc/'s
+  /// device_direct and pinned_host resources) and a stream.
   explicit HostStaging(GpuCommunicator& gpu, std::size_t chunk_bytes = kStagingChunkBytes);
   ~HostStaging();
   HostStaging(const HostStaging&) = delete;
@@ -41,8 +43,11 @@ class HostStaging {
  private:
   template <class Enqueue>
   void staged(void* x, std::size_t bytes, std::size_t elem, bool copy_in, bool copy_out, Enqueue&& enqueue);
+  void release() noexcept;
   GpuCommunicator& gpu_;
   std::size_t chunk_;
+  std::unique_ptr<alloc::memory_resource> device_mem_;
+  std::unique_ptr<alloc::memory_resource> host_mem_;
   std::size_t chunks_ = 0;
   void* dev_ = nullptr;
   void* pinned_ = nullptr;

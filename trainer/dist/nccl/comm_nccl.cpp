@@ -10,9 +10,12 @@
 #include <optional>
 #include <vector>
 
+#include "alloc/device_direct.hpp"
+#include "alloc/pinned_host.hpp"
 #include "tier/config.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
+#include "tier/topology.hpp"
 #include "trainer/dist/detail/gpu_comm_nccl.hpp"
 #include "trainer/dist/store.hpp"
 
@@ -46,18 +49,38 @@ class DeviceScope {
 
 }  // namespace
 
+// The two buffers come from alloc/'s resources (the ones the tiered allocator's tiers are made
+// of): the run's allocator does not exist yet when the communicator is made (its HBM budget is
+// measured after NCCL's buffers and these, so it leaves them out), and they live as long as the
+// communicator. One block each, for the communicator's life: cudaMalloc per block and pinned,
+// NUMA-bound host memory near the GPU.
 HostStaging::HostStaging(GpuCommunicator& gpu, std::size_t chunk_bytes) : gpu_(gpu), chunk_(chunk_bytes) {
   GHT_EXPECTS(chunk_bytes >= sizeof(double), "HostStaging: a chunk must hold one element (8 bytes)");
   const DeviceScope on(gpu.device());
+  device_mem_ = std::make_unique<alloc::device_direct>(gpu.device());
+  alloc::PinnedHostOptions host;
+  host.numa_node = tier::topology().host_numa_node;
+  host.device = gpu.device();
+  host.cache.max_bytes = 0;  // one block, never freed before the communicator
+  host_mem_ = std::make_unique<alloc::pinned_host>(host);
   try {
-    GHT_CUDA_TRY(cudaMalloc(&dev_, chunk_));
-    GHT_CUDA_TRY(cudaHostAlloc(&pinned_, chunk_, cudaHostAllocDefault));
+    dev_ = device_mem_->allocate(chunk_);
+    pinned_ = host_mem_->allocate(chunk_);
     GHT_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   } catch (...) {
-    (void)cudaFree(dev_);
-    (void)cudaFreeHost(pinned_);
+    release();
     throw;
   }
+}
+
+void HostStaging::release() noexcept {
+  try {
+    if (dev_ != nullptr) device_mem_->deallocate(dev_, chunk_);
+    if (pinned_ != nullptr) host_mem_->deallocate(pinned_, chunk_);
+  } catch (...) {  // a CUDA error at shutdown: nothing left to do
+  }
+  dev_ = nullptr;
+  pinned_ = nullptr;
 }
 
 HostStaging::~HostStaging() {
@@ -65,8 +88,7 @@ HostStaging::~HostStaging() {
   int prev = 0;
   if (cudaGetDevice(&prev) == cudaSuccess && prev != device) (void)cudaSetDevice(device);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
-  (void)cudaFree(dev_);
-  (void)cudaFreeHost(pinned_);
+  release();
   (void)cudaSetDevice(prev);
 }
 
