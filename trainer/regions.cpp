@@ -130,8 +130,11 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   for (const auto& [suffix, cls, bytes] : states) {
     Region s = base(suffix, cls, bytes);
     Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-    a.gpu_read_bytes = static_cast<double>(bytes);
-    a.gpu_write_bytes = static_cast<double>(bytes);
+    // This rank's share of the group's traffic (P / ranks; the bytes are of the ceil(P / ranks)
+    // it holds): 1 with one rank.
+    const double share = P_rank / static_cast<double>(p_rank);
+    a.gpu_read_bytes = static_cast<double>(bytes) * share;
+    a.gpu_write_bytes = static_cast<double>(bytes) * share;
     s.access = {a};
     out.push_back(std::move(s));
   }
