@@ -72,7 +72,8 @@ PathChoice path_choice_from_config() {
 }
 
 StateType parse_state_type(std::string_view text) {
-  return config::parse_enum("GHT_OPT_STATE", text, "fp32|bf16") == "bf16" ? StateType::bf16 : StateType::fp32;
+  const std::string t = config::parse_enum("GHT_OPT_STATE", text, "fp32|bf16|q8");
+  return t == "q8" ? StateType::q8 : t == "bf16" ? StateType::bf16 : StateType::fp32;
 }
 
 StateType state_type_from_config() {
@@ -99,8 +100,8 @@ namespace {
 constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass::adam_m,
                                         TensorClass::adam_v};
 
-// Bytes of one element of state buffer i (0 master, 1 m, 2 v).
-std::size_t elem_size(int i, StateType st) { return i == 0 ? sizeof(float) : state_type_size(st); }
+// Bytes of n elements of state buffer i (0 master, 1 m, 2 v).
+std::size_t array_bytes(int i, StateType st, std::size_t n) { return i == 0 ? n * sizeof(float) : state_bytes(st, n); }
 
 // How each side reaches a state block: the GPU through HBM or a mapped / coherent host pointer
 // (null where the link cannot reach it: pageable memory over PCIe), the CPU through host memory.
@@ -118,14 +119,18 @@ StateBuffer state_view(const alloc::unique_block& b, bool gpu) {
 
 std::size_t round_down(std::size_t x, std::size_t m) { return std::max(m, x / m * m); }
 
-// Parameters per dma slot: one chunk, no larger than the largest region (small models, small slots).
-std::size_t dma_chunk_params(std::size_t largest_region) {
-  return std::min(kDmaChunk, (largest_region + 63) / 64 * 64);
+// Parameters per dma slot: one chunk, no larger than the largest region (small models, small
+// slots), a multiple of 64 and of the q8 block (kDmaChunk is both).
+std::size_t dma_chunk_params(std::size_t largest_region, StateType st) {
+  const std::size_t g = std::max<std::size_t>(64, state_granule(st));
+  return std::min(kDmaChunk, (largest_region + g - 1) / g * g);
 }
-// Bytes per parameter of one dma slot: fp32 master, m and v.
-std::size_t dma_param_bytes(StateType st) { return sizeof(float) + 2 * state_type_size(st); }
-// HBM of the slots for chunks of `chunk` parameters: master, m and v per slot.
-std::size_t dma_slots_bytes(std::size_t chunk, StateType st) { return dma_param_bytes(st) * kDmaSlots * chunk; }
+// Bytes of one dma slot for chunks of `chunk` parameters: fp32 master, m and v.
+std::size_t dma_slot_stride(std::size_t chunk, StateType st) {
+  return array_bytes(0, st, chunk) + array_bytes(1, st, chunk) + array_bytes(2, st, chunk);
+}
+// HBM of the slots.
+std::size_t dma_slots_bytes(std::size_t chunk, StateType st) { return kDmaSlots * dma_slot_stride(chunk, st); }
 
 #ifdef GHT_HAVE_CUDA
 // The optimizer's streams run at the device's lowest priority: where compute streams are given a
@@ -143,7 +148,7 @@ CUstream_st* make_stream() {
 }  // namespace
 
 std::size_t dma_slot_bytes(std::size_t largest_region, StateType st) {
-  return dma_slots_bytes(dma_chunk_params(largest_region), st);
+  return dma_slots_bytes(dma_chunk_params(largest_region, st), st);
 }
 
 // ---- Impl: CUDA helpers, regions ---------------------------------------------------------------
@@ -223,7 +228,13 @@ void AdamW::Impl::record_chunk(RegionState& rs, std::size_t c, CUstream_st* s) {
   if (gpu) record(rs.events[c], s);
 }
 
-std::size_t AdamW::Impl::esize(int i) const { return elem_size(i, state_type); }
+std::size_t AdamW::Impl::bytes(int i, std::size_t n) const { return array_bytes(i, state_type, n); }
+
+std::size_t AdamW::Impl::offset(int i, std::size_t first) const {
+  GHT_EXPECTS(i == 0 || first % state_granule(state_type) == 0,
+              "AdamW: a q8 state chunk starts inside a block (element " + std::to_string(first) + ")");
+  return bytes(i, first);
+}
 
 // Where the gradient and weight live, their GPU aliases, and the chunking they imply.
 void AdamW::Impl::configure(RegionState& rs) {
@@ -249,7 +260,7 @@ void AdamW::Impl::configure(RegionState& rs) {
     if (rs.weight_on_device) rs.weight_dev = d.weight;
     if (rs.staged) {
       ensure_staging();
-      rs.chunk = round_down(staging_bytes / (grad_type_size(d.grad_type) + sizeof(bf16)), 64);
+      rs.chunk = round_down(staging_bytes / (grad_type_size(d.grad_type) + sizeof(bf16)), granule());
     } else {
       rs.chunk = d.n;
     }
@@ -293,7 +304,7 @@ AdamWSpan AdamW::Impl::span(const RegionState& rs, std::size_t off, std::size_t 
   AdamWSpan s;
   const std::size_t gsize = grad_type_size(rs.desc.grad_type);
   auto f = [&](int i) {
-    return static_cast<unsigned char*>(device ? rs.st[i].device : rs.st[i].host) + off * esize(i);
+    return static_cast<unsigned char*>(device ? rs.st[i].device : rs.st[i].host) + offset(i, off);
   };
   s.master = reinterpret_cast<float*>(f(0));
   s.m = f(1);
@@ -310,57 +321,69 @@ AdamWSpan AdamW::Impl::span(const RegionState& rs, std::size_t off, std::size_t 
   return s;
 }
 
-// n fp32 values into state array i of rs: m and v in bf16 are rounded to nearest even (exact
-// for values a bf16 state held: saving widens them, so a round trip keeps every byte).
+// n fp32 values into state array i of rs: m and v in bf16 are rounded to nearest even, in q8
+// quantized per block (both exact for values such a state held: saving widens or dequantizes
+// them, so a round trip keeps every byte).
 void AdamW::Impl::copy_in(const RegionState& rs, int i, const float* src) {
   if (src == nullptr) return;
   const std::size_t n = rs.desc.n;
-  std::vector<std::uint16_t> narrowed;
-  const void* bytes = src;
-  if (esize(i) == sizeof(bf16)) {
-    narrowed.resize(n);
-    for (std::size_t j = 0; j < n; ++j) narrowed[j] = float_to_bf16_bits(src[j]);
-    bytes = narrowed.data();
+  std::vector<unsigned char> narrowed;
+  const void* data = src;
+  if (i > 0 && state_type != StateType::fp32) {
+    narrowed.resize(bytes(i, n));
+    if (state_type == StateType::q8) {
+      q8_quantize(src, n, narrowed.data(), i == 2);
+    } else {
+      auto* b = reinterpret_cast<std::uint16_t*>(narrowed.data());
+      for (std::size_t j = 0; j < n; ++j) b[j] = float_to_bf16_bits(src[j]);
+    }
+    data = narrowed.data();
   }
   const StateBuffer& b = rs.st[i];
   if (b.host != nullptr) {
-    std::memcpy(b.host, bytes, n * esize(i));
+    std::memcpy(b.host, data, bytes(i, n));
     return;
   }
 #ifdef GHT_HAVE_CUDA
-  GHT_CUDA_TRY(cudaMemcpy(b.device, bytes, n * esize(i), cudaMemcpyHostToDevice));
+  GHT_CUDA_TRY(cudaMemcpy(b.device, data, bytes(i, n), cudaMemcpyHostToDevice));
   // From pageable memory the copy may still be in flight on the legacy stream, which the
   // optimizer's non-blocking streams do not wait for.
   GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));
 #endif
 }
 
-// State array i of rs as n fp32 values (bf16 m and v widened, exactly).
+// State array i of rs as n fp32 values (bf16 m and v widened exactly, q8 dequantized).
 void AdamW::Impl::copy_out(const RegionState& rs, int i, float* dst) const {
   if (dst == nullptr) return;
   const std::size_t n = rs.desc.n;
   const StateBuffer& b = rs.st[i];
-  std::vector<std::uint16_t> narrow(esize(i) == sizeof(bf16) ? n : 0);
-  void* bytes = narrow.empty() ? static_cast<void*>(dst) : narrow.data();
+  std::vector<unsigned char> narrow(i > 0 && state_type != StateType::fp32 ? bytes(i, n) : 0);
+  void* data = narrow.empty() ? static_cast<void*>(dst) : narrow.data();
   if (b.host != nullptr) {
-    std::memcpy(bytes, b.host, n * esize(i));
+    std::memcpy(data, b.host, bytes(i, n));
   } else {
 #ifdef GHT_HAVE_CUDA
-    GHT_CUDA_TRY(cudaMemcpy(bytes, b.device, n * esize(i), cudaMemcpyDeviceToHost));
+    GHT_CUDA_TRY(cudaMemcpy(data, b.device, bytes(i, n), cudaMemcpyDeviceToHost));
 #endif
   }
-  for (std::size_t j = 0; j < narrow.size(); ++j) dst[j] = bf16_bits_to_float(narrow[j]);
+  if (narrow.empty()) return;
+  if (state_type == StateType::q8) {
+    q8_dequantize(narrow.data(), n, dst, i == 2);
+    return;
+  }
+  const auto* w = reinterpret_cast<const std::uint16_t*>(narrow.data());
+  for (std::size_t j = 0; j < n; ++j) dst[j] = bf16_bits_to_float(w[j]);
 }
 
 void AdamW::Impl::zero(const RegionState& rs, int i) {
   const StateBuffer& b = rs.st[i];
-  const std::size_t bytes = rs.desc.n * esize(i);
+  const std::size_t size = bytes(i, rs.desc.n);  // q8: all codes and scales 0 stand for 0
   if (b.host != nullptr) {
-    zero_host(b.host, bytes, opts.cpu_threads);  // first touch by the team
+    zero_host(b.host, size, opts.cpu_threads);  // first touch by the team
     return;
   }
 #ifdef GHT_HAVE_CUDA
-  GHT_CUDA_TRY(cudaMemset(b.device, 0, bytes));
+  GHT_CUDA_TRY(cudaMemset(b.device, 0, size));
   GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // see copy_in
 #endif
 }
@@ -399,14 +422,15 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
   for (std::size_t c = 0; c < rs.chunks; ++c) {
     const std::size_t off = c * rs.chunk, count = count_of(rs, c);
     const unsigned slot = dma_next++ % kDmaSlots;
-    // The slot's master, m and v arrays, each dma_chunk elements (multiples of 64: aligned).
-    unsigned char* slot_base = dma_mem.as<unsigned char>() + slot * dma_param_bytes(state_type) * dma_chunk;
-    unsigned char* arr[3] = {slot_base, slot_base + esize(0) * dma_chunk,
-                             slot_base + (esize(0) + esize(1)) * dma_chunk};
+    // The slot's master, m and v arrays, each dma_chunk elements (multiples of 64 and of the
+    // q8 block: master 16-byte aligned, q8 records 4-byte aligned).
+    unsigned char* slot_base = dma_mem.as<unsigned char>() + slot * dma_slot_stride(dma_chunk, state_type);
+    unsigned char* arr[3] = {slot_base, slot_base + bytes(0, dma_chunk),
+                             slot_base + bytes(0, dma_chunk) + bytes(1, dma_chunk)};
     GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
     for (int i = 0; i < 3; ++i) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(arr[i], static_cast<const unsigned char*>(rs.st[i].host) + off * esize(i),
-                                   count * esize(i), cudaMemcpyHostToDevice, up));
+      GHT_CUDA_TRY(cudaMemcpyAsync(arr[i], static_cast<const unsigned char*>(rs.st[i].host) + offset(i, off),
+                                   bytes(i, count), cudaMemcpyHostToDevice, up));
     }
     record(dma_in[slot], up);
     GHT_CUDA_TRY(cudaStreamWaitEvent(link, dma_in[slot], 0));
@@ -426,8 +450,8 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
     record(dma_updated[slot], link);
     GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
     for (int i = 0; i < 3; ++i) {
-      GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(rs.st[i].host) + off * esize(i), arr[i],
-                                   count * esize(i), cudaMemcpyDeviceToHost, down));
+      GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(rs.st[i].host) + offset(i, off), arr[i],
+                                   bytes(i, count), cudaMemcpyDeviceToHost, down));
     }
     record(dma_free[slot], down);
     record(rs.events[c], down);  // weights and host state of the chunk are final
@@ -442,11 +466,11 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
 // ---- Impl: speculation -------------------------------------------------------------------------
 
 // Byte offset of saved array i in a chunk's save: master, m, v, then the bf16 weight (i = 3).
-// Elements per saved array: a multiple of 8 keeps every array 16-byte aligned, so the undo
-// recompute takes the same (vector) kernel path as the update it replaces.
+// Each saved array padded to 8 elements and 16 bytes keeps every array 16-byte aligned, so the
+// undo recompute takes the same (vector) kernel path as the update it replaces.
 std::size_t AdamW::Impl::spec_offset(std::size_t count, int i) const {
   std::size_t o = 0;
-  for (int j = 0; j < i; ++j) o += spec_pad(count) * esize(j);
+  for (int j = 0; j < i; ++j) o += (bytes(j, spec_pad(count)) + 15) / 16 * 16;
   return o;
 }
 
@@ -473,7 +497,7 @@ void AdamW::Impl::save_for_undo(RegionState& rs, std::size_t c, const float* mas
   spec_used += spec_bytes(sc.count);
   const void* src[3] = {master, m, v};
   for (int i = 0; i < 3; ++i) {
-    GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + spec_offset(sc.count, i), src[i], sc.count * esize(i),
+    GHT_CUDA_TRY(cudaMemcpyAsync(sc.save + spec_offset(sc.count, i), src[i], bytes(i, sc.count),
                                  cudaMemcpyDefault, link));
   }
   if (rs.weight_dev != nullptr) {
@@ -514,8 +538,8 @@ void AdamW::Impl::undo_speculation(bool redo) {
     }
     for (int i = 0; i < 3; ++i) {
       void* dst = rs.st[i].host != nullptr ? rs.st[i].host : rs.st[i].device;
-      GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + sc.off * esize(i), saved[i],
-                                   sc.count * esize(i), cudaMemcpyDefault, link));
+      GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(dst) + offset(i, sc.off), saved[i],
+                                   bytes(i, sc.count), cudaMemcpyDefault, link));
     }
     record(rs.events[sc.chunk], link);
   }
@@ -666,8 +690,9 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
 
   std::size_t chunk_bytes = opts.chunk_elems * sizeof(float);
   if (chunk_bytes == 0) chunk_bytes = reg.get_size(config::Key::GHT_OPT_CHUNK).resolve(0, "GHT_OPT_CHUNK");
-  // Multiples of 64 parameters keep every chunk's start 16-byte aligned for the vector kernel.
-  I.chunk_elems = round_down(chunk_bytes / sizeof(float), 64);
+  // Multiples of 64 parameters keep every chunk's start 16-byte aligned for the vector kernel;
+  // with q8 state, multiples of the 256-element block (rounded down, at least one block).
+  I.chunk_elems = round_down(chunk_bytes / sizeof(float), I.granule());
   I.staging_bytes = opts.staging_bytes;
   if (I.staging_bytes == 0) {
     I.staging_bytes = reg.get_size(config::Key::GHT_STAGING_BYTES).resolve(0, "GHT_STAGING_BYTES");
@@ -692,7 +717,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
 
   std::size_t largest = 0;
   for (const Region& d : regions) largest = std::max(largest, d.n);
-  I.dma_chunk = dma_chunk_params(largest);
+  I.dma_chunk = dma_chunk_params(largest, I.state_type);
 
   std::set<std::string> names;
   I.regions.reserve(regions.size());
@@ -706,7 +731,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     for (int i = 0; i < 3; ++i) {
       const alloc::AllocRequest req{kStateClass[i], rs.desc.name, state_tier,
                                     /*may_spill=*/choice != PathChoice::device};
-      rs.mem[i] = alloc::unique_block(*I.alloc, rs.desc.n * I.esize(i), req);
+      rs.mem[i] = alloc::unique_block(*I.alloc, I.bytes(i, rs.desc.n), req);
       rs.st[i] = state_view(rs.mem[i], I.gpu);
     }
     bool all_host = true, all_dev = true, all_hbm = true;
@@ -746,7 +771,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     std::vector<std::size_t> idx;
     std::vector<std::uint64_t> params;
     tier::UpdateSplitInput in;
-    in.state_bytes_per_param = static_cast<double>(I.esize(0) + 2 * I.esize(1));
+    in.state_bytes_per_param = state_bytes_per_param(I.state_type);
     for (std::size_t r = 0; r < I.regions.size(); ++r) {
       const Impl::RegionState& rs = I.regions[r];
       if (rs.path != Path::gpu_link || rs.st[0].host == nullptr || rs.st[1].host == nullptr ||
@@ -793,7 +818,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
           I.link_mode == LinkMode::dma
               ? (L.bidir_bps > 0 ? L.bidir_bps : L.h2d_bps + L.d2h_bps)
               : L.kernel_read_bps + L.kernel_write_bps;
-      I.link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, static_cast<double>(I.esize(0) + 2 * I.esize(1)));
+      I.link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, state_bytes_per_param(I.state_type));
     }
   }
 #endif

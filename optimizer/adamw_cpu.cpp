@@ -3,7 +3,10 @@
 // bit-identical (so per-element results never depend on where a thread's range starts), the
 // second lets sqrt vectorise.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -66,6 +69,57 @@ std::uint64_t round_key(std::string_view region_name) noexcept {
 }
 
 namespace {
+
+// The q8 maps (adamw_kernels.hpp): each value one double division of exact integers, then fp32.
+Q8Tables make_q8_tables() {
+  Q8Tables t{};
+  double p10[9] = {1};
+  for (int i = 1; i < 9; ++i) p10[i] = p10[i - 1] * 10;  // exact
+  // Code c >= 1 with `top` bits below the first set one at most: the decade is given by the
+  // leading zeros, the fraction by the bits after the first set one.
+  auto value = [&](unsigned c, unsigned top) {
+    const unsigned f_bits = static_cast<unsigned>(std::bit_width(c)) - 1;
+    const unsigned z = top - f_bits, f = c - (1u << f_bits);
+    const double numer = static_cast<double>((1u << f_bits) + 9 * (f + 1));
+    return static_cast<float>(numer / (10.0 * static_cast<double>(1u << f_bits) * p10[z]));
+  };
+  float mag[128];
+  mag[0] = 0;
+  for (unsigned a = 1; a < 128; ++a) mag[a] = value(a, 6);
+  t.v[0] = static_cast<float>(1.0 / p10[8]);
+  for (unsigned c = 1; c < 256; ++c) t.v[c] = value(c, 7);
+  for (unsigned c = 0; c < 256; ++c) t.m[c] = c < 128 ? mag[c] : -mag[c - 128];
+  auto mid = [](float a, float b) { return static_cast<float>((static_cast<double>(a) + b) / 2); };
+  for (unsigned a = 0; a < 127; ++a) t.m_mid[a] = mid(mag[a], mag[a + 1]);
+  for (unsigned c = 0; c < 255; ++c) t.v_mid[c] = mid(t.v[c], t.v[c + 1]);
+  t.m_mid[127] = t.v_mid[255] = std::numeric_limits<float>::infinity();
+  return t;
+}
+
+// Block absmax as the GPU computes it (x > acc ? x : acc: order-independent for non-NaN values).
+float q8_absmax(const float* x, std::size_t len) {
+  float s = 0;
+  for (std::size_t i = 0; i < len; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    s = a > s ? a : s;
+  }
+  return s;
+}
+
+// One block record from len <= kQ8Block values: the scale, the nearest codes, 0 after len.
+void q8_store_block(const float* x, std::size_t len, std::uint8_t* rec, bool is_v, const Q8Tables& t) {
+  const float s = q8_absmax(x, len);
+  const float r = s > 0 ? 1.0f / s : 0.0f;
+  for (std::size_t i = 0; i < len; ++i) rec[i] = is_v ? q8_code_v(t, x[i] * r) : q8_code_m(t, x[i] * r);
+  std::memset(rec + len, 0, kQ8Block - len);
+  std::memcpy(rec + kQ8Block, &s, sizeof s);
+}
+
+float q8_scale(const std::uint8_t* rec) {
+  float s;
+  std::memcpy(&s, rec + kQ8Block, sizeof s);
+  return s;
+}
 
 inline float load_grad(const float* g, std::size_t i) { return g[i]; }
 inline float load_grad(const std::uint16_t* g, std::size_t i) { return bf16_bits_to_float(g[i]); }
@@ -170,12 +224,91 @@ double sumsq_team(const G* g, std::size_t n, int threads) {
   return total;
 }
 
+// q8 state: one quantization block (len <= kQ8Block elements, records mrec and vrec); the new m
+// and v of the whole block are known before its scales and codes are written.
+template <typename G, W kWeight>
+void adamw_q8_block(float* __restrict master, std::uint8_t* __restrict mrec, std::uint8_t* __restrict vrec,
+                    const G* __restrict g, std::uint16_t* __restrict w, std::size_t len, const StepScalars& k,
+                    const Q8Tables& t) {
+  const float sm = q8_scale(mrec), sv = q8_scale(vrec);
+  float mo[kQ8Block], vo[kQ8Block];
+#pragma omp simd
+  for (std::size_t i = 0; i < len; ++i) {
+    const float gi = load_grad(g, i) * k.grad_scale;
+    const float mi = k.beta1 * (t.m[mrec[i]] * sm) + k.one_minus_beta1 * gi;
+    const float vi = k.beta2 * (t.v[vrec[i]] * sv) + k.one_minus_beta2 * (gi * gi);
+    const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
+    const float before = master[i];
+    const float p = before * k.decay - k.step_size * (mi / denom);
+    master[i] = p;
+    mo[i] = mi;
+    vo[i] = vi;
+    if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
+    if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
+  }
+  q8_store_block(mo, len, mrec, false, t);
+  q8_store_block(vo, len, vrec, true, t);
+}
+
+template <typename G, W kWeight>
+void adamw_q8_team(const AdamWSpan& s, const StepScalars& k, int threads) {
+  const G* g = static_cast<const G*>(s.grad);
+  auto* m = static_cast<std::uint8_t*>(s.m);
+  auto* v = static_cast<std::uint8_t*>(s.v);
+  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
+  const Q8Tables& t = q8_tables();
+  const std::size_t blocks = (s.n + kQ8Block - 1) / kQ8Block;
+  parallel_pinned(threads, [&](int tid, int nt) {
+    const Range r = thread_range(blocks, tid, nt, 1);
+    for (std::size_t b = r.begin; b < r.end; ++b) {
+      const std::size_t e = b * kQ8Block;
+      adamw_q8_block<G, kWeight>(s.master + e, m + b * kQ8Record, v + b * kQ8Record, g + e,
+                                 kWeight != W::none ? w + e : nullptr, std::min(kQ8Block, s.n - e), k, t);
+    }
+  });
+}
+
+template <typename G>
+void adamw_q8_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
+  if (!s.weight) adamw_q8_team<G, W::none>(s, k, threads);
+  else if (k.extrapolate != 0) adamw_q8_team<G, W::predict>(s, k, threads);
+  else adamw_q8_team<G, W::plain>(s, k, threads);
+}
+
 }  // namespace
+
+const Q8Tables& q8_tables() noexcept {
+  static const Q8Tables t = make_q8_tables();
+  return t;
+}
+
+void q8_quantize(const float* x, std::size_t n, std::uint8_t* records, bool is_v) {
+  const Q8Tables& t = q8_tables();
+  for (std::size_t e = 0, b = 0; e < n; e += kQ8Block, ++b) {
+    q8_store_block(x + e, std::min(kQ8Block, n - e), records + b * kQ8Record, is_v, t);
+  }
+}
+
+void q8_dequantize(const std::uint8_t* records, std::size_t n, float* x, bool is_v) {
+  const Q8Tables& t = q8_tables();
+  const float* map = is_v ? t.v : t.m;
+  for (std::size_t e = 0, b = 0; e < n; e += kQ8Block, ++b) {
+    const std::uint8_t* rec = records + b * kQ8Record;
+    const float s = q8_scale(rec);
+    const std::size_t len = std::min(kQ8Block, n - e);
+    for (std::size_t i = 0; i < len; ++i) x[e + i] = map[rec[i]] * s;
+  }
+}
 
 void adamw_cpu(const AdamWSpan& s, const StepScalars& k, int threads) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_cpu: null master/m/v/grad pointer");
   const int nt = team_size(s.n, threads);
+  if (s.state == StateType::q8) {
+    if (s.grad_type == GradType::bf16) adamw_q8_typed<std::uint16_t>(s, k, nt);
+    else adamw_q8_typed<float>(s, k, nt);
+    return;
+  }
   const bool bf16_state = s.state == StateType::bf16;
   if (s.grad_type == GradType::bf16) {
     if (bf16_state) adamw_typed<std::uint16_t, std::uint16_t>(s, k, nt);

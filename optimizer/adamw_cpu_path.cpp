@@ -215,9 +215,9 @@ void AdamW::Impl::prefetch_after(const CpuJob& job, std::size_t c, const detail:
 
 void AdamW::Impl::copy_undo(RegionState& rs, std::size_t off, std::size_t count, unsigned char* save, bool to_region) {
   for (int i = 0; i < 3; ++i) {
-    unsigned char* state = static_cast<unsigned char*>(rs.st[i].host) + off * esize(i);
+    unsigned char* state = static_cast<unsigned char*>(rs.st[i].host) + offset(i, off);
     unsigned char* saved = save + spec_offset(count, i);
-    copy_host(to_region ? state : saved, to_region ? saved : state, count * esize(i), opts.cpu_threads);
+    copy_host(to_region ? state : saved, to_region ? saved : state, bytes(i, count), opts.cpu_threads);
   }
   if (rs.desc.weight != nullptr && !rs.weight_on_device) {
     auto* w = static_cast<unsigned char*>(rs.desc.weight) + off * sizeof(bf16);

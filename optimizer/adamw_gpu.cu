@@ -3,7 +3,7 @@
 // One kernel serves both paths: master, m and v are read and written in place wherever they live
 // (HBM, mapped pinned host memory over PCIe, system memory over C2C), the gradient is read from
 // HBM or host memory, and the bf16 weight is written to HBM. Per parameter it moves
-// 12 B read + 12 B written of state (8 + 8 with bf16 m and v), 2 or 4 B of gradient and 2 B of
+// 12 B read + 12 B written of state (8 + 8 with bf16 m and v, 6.03 + 6.03 with q8), 2 or 4 B of gradient and 2 B of
 // weight: memory-bound.
 // Each thread handles 8 consecutive parameters per iteration with 16-byte accesses (two float4
 // per fp32 array, one uint4 per bf16 array), which keeps many long-latency link
@@ -99,7 +99,7 @@ __device__ __forceinline__ void store1_moments(std::uint16_t* m, std::uint16_t* 
 
 // The update of one parameter; same operation order as adamw_cpu (see adamw_kernels.hpp).
 // fp32 state lets the compiler contract to FMA (within an fp32 ulp of adamw_cpu per operation);
-// bf16 state rounds every operation on its own, as adamw_cpu (-ffp-contract=off) does, so the
+// bf16 and q8 state round every operation on its own, as adamw_cpu (-ffp-contract=off) does, so the
 // fp32 values that get rounded to bf16 are the host's bit for bit.
 template <typename S>
 __device__ __forceinline__ void adam_elem(float& p, float& m, float& v, float g,
@@ -178,6 +178,143 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- q8 state ------------------------------------------------------------------------------
+// One warp per quantization block of kQ8Block = 256 elements: lane l holds elements 4l..4l+3
+// and 128+4l..128+4l+3 (16-byte master and gradient vectors, one 4-byte word of codes each),
+// the new m and v stay in registers while the warp reduces their absmax by shuffles, then every
+// lane writes its 8 codes and lane 0 the two scales. The same fp32 operations as adamw_cpu, each
+// rounded on its own; the maps come in as a kernel argument (the host's q8_tables() bytes) and
+// are read from shared memory (the binary search indexes them per thread).
+constexpr int kQ8Warps = kThreads / 32;
+static_assert(kQ8Block == 256, "the q8 kernel gives each of 32 lanes 8 elements");
+
+__device__ __forceinline__ int q8_elem(int lane, int j) { return (j < 4 ? 0 : 128) + 4 * lane + (j & 3); }
+
+__device__ __forceinline__ void load4(const float* p, float* o) {
+  const float4 a = __ldcs(reinterpret_cast<const float4*>(p));
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+}
+__device__ __forceinline__ void load4_grad(const float* g, float* o) { load4(g, o); }
+__device__ __forceinline__ void load4_grad(const std::uint16_t* g, float* o) {
+  const uint2 u = __ldcs(reinterpret_cast<const uint2*>(g));
+  o[0] = __uint_as_float(u.x << 16);
+  o[1] = __uint_as_float(u.x & 0xFFFF0000u);
+  o[2] = __uint_as_float(u.y << 16);
+  o[3] = __uint_as_float(u.y & 0xFFFF0000u);
+}
+
+__device__ __forceinline__ float warp_absmax(const float (&x)[8]) {
+  float s = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float a = x[j] < 0 ? -x[j] : x[j];
+    s = a > s ? a : s;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, s, o);
+    s = other > s ? other : s;
+  }
+  return s;
+}
+
+template <typename G, bool kWeight>
+__global__ void __launch_bounds__(kThreads)
+    adamw_q8_kernel(float* __restrict__ master, std::uint8_t* __restrict__ m, std::uint8_t* __restrict__ v,
+                    const G* __restrict__ grad, std::uint16_t* __restrict__ weight, std::size_t n, bool vec,
+                    StepScalars k, Q8Tables tables) {
+  __shared__ Q8Tables t;
+  {
+    const float* src = reinterpret_cast<const float*>(&tables);
+    float* dst = reinterpret_cast<float*>(&t);
+    for (int i = threadIdx.x; i < static_cast<int>(sizeof(Q8Tables) / sizeof(float)); i += blockDim.x) dst[i] = src[i];
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31;
+  const std::size_t blocks = (n + kQ8Block - 1) / kQ8Block;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * kQ8Warps;
+  for (std::size_t b = static_cast<std::size_t>(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5); b < blocks; b += stride) {
+    const std::size_t e0 = b * kQ8Block;
+    const int len = static_cast<int>(n - e0 < kQ8Block ? n - e0 : kQ8Block);
+    std::uint8_t* mrec = m + b * kQ8Record;
+    std::uint8_t* vrec = v + b * kQ8Record;
+    const float sm = *reinterpret_cast<const float*>(mrec + kQ8Block);
+    const float sv = *reinterpret_cast<const float*>(vrec + kQ8Block);
+    float p[8], mm[8], vv[8], g[8];
+    unsigned cm[2], cv[2];
+    const bool full = vec && len == static_cast<int>(kQ8Block);  // warp-uniform
+    if (full) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = q8_elem(lane, 4 * h);
+        load4(master + e0 + e, p + 4 * h);
+        load4_grad(grad + e0 + e, g + 4 * h);
+        cm[h] = __ldcs(reinterpret_cast<const unsigned*>(mrec + e));
+        cv[h] = __ldcs(reinterpret_cast<const unsigned*>(vrec + e));
+      }
+    } else {
+      cm[0] = cm[1] = cv[0] = cv[1] = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int e = q8_elem(lane, j);
+        const bool in = e < len;
+        p[j] = in ? master[e0 + e] : 0.0f;
+        g[j] = in ? load1_grad(grad, e0 + e) : 0.0f;
+        cm[j >> 2] |= static_cast<unsigned>(in ? mrec[e] : 0) << (8 * (j & 3));
+        cv[j >> 2] |= static_cast<unsigned>(in ? vrec[e] : 0) << (8 * (j & 3));
+      }
+    }
+    float before[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // Elements past len hold zeros: their new m and v are 0 and do not move the absmax.
+      mm[j] = __fmul_rn(t.m[(cm[j >> 2] >> (8 * (j & 3))) & 0xFFu], sm);
+      vv[j] = __fmul_rn(t.v[(cv[j >> 2] >> (8 * (j & 3))) & 0xFFu], sv);
+      if (q8_elem(lane, j) >= len) mm[j] = vv[j] = 0.0f;
+      before[j] = p[j];
+      adam_elem<std::uint8_t>(p[j], mm[j], vv[j], g[j], k);
+    }
+    const float am = warp_absmax(mm), av = warp_absmax(vv);
+    const float rm = am > 0 ? __frcp_rn(am) : 0.0f, rv = av > 0 ? __frcp_rn(av) : 0.0f;
+    unsigned om[2] = {0, 0}, ov[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (q8_elem(lane, j) >= len) continue;  // codes past len stay 0
+      om[j >> 2] |= static_cast<unsigned>(q8_code_m(t, __fmul_rn(mm[j], rm))) << (8 * (j & 3));
+      ov[j >> 2] |= static_cast<unsigned>(q8_code_v(t, __fmul_rn(vv[j], rv))) << (8 * (j & 3));
+    }
+    if (full) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = q8_elem(lane, 4 * h);
+        __stcs(reinterpret_cast<float4*>(master + e0 + e), make_float4(p[4 * h], p[4 * h + 1], p[4 * h + 2], p[4 * h + 3]));
+        __stcs(reinterpret_cast<unsigned*>(mrec + e), om[h]);
+        __stcs(reinterpret_cast<unsigned*>(vrec + e), ov[h]);
+        if constexpr (kWeight) {
+          const unsigned w0 = weight_bits(p[4 * h], before[4 * h], k) | (weight_bits(p[4 * h + 1], before[4 * h + 1], k) << 16);
+          const unsigned w1 = weight_bits(p[4 * h + 2], before[4 * h + 2], k) | (weight_bits(p[4 * h + 3], before[4 * h + 3], k) << 16);
+          *reinterpret_cast<uint2*>(weight + e0 + e) = make_uint2(w0, w1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int e = q8_elem(lane, j);
+        if (e < len) {
+          master[e0 + e] = p[j];
+          if constexpr (kWeight) weight[e0 + e] = static_cast<std::uint16_t>(weight_bits(p[j], before[j], k));
+        }
+        mrec[e] = static_cast<std::uint8_t>(om[j >> 2] >> (8 * (j & 3)));  // 0 past len
+        vrec[e] = static_cast<std::uint8_t>(ov[j >> 2] >> (8 * (j & 3)));
+      }
+    }
+    if (lane == 0) {
+      *reinterpret_cast<float*>(mrec + kQ8Block) = am;
+      *reinterpret_cast<float*>(vrec + kQ8Block) = av;
+    }
+  }
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, sms = 0;
@@ -234,10 +371,31 @@ void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int m
   }
 }
 
+bool aligned4(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0; }
+
+template <typename G, bool kWeight>
+void launch_q8(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
+  const G* g = static_cast<const G*>(s.grad);
+  auto* m = static_cast<std::uint8_t*>(s.m);
+  auto* v = static_cast<std::uint8_t*>(s.v);
+  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
+  GHT_EXPECTS(aligned4(m) && aligned4(v), "adamw_gpu: q8 moments must be 4-byte aligned (block records)");
+  const bool vec = aligned16(s.master) && aligned16(g) && (!kWeight || aligned16(w));
+  const std::size_t blocks = (s.n + kQ8Block - 1) / kQ8Block;
+  constexpr auto kern = adamw_q8_kernel<G, kWeight>;
+  kern<<<grid_for<kern>(blocks * 32, max_sms), kThreads, 0, stream>>>(s.master, m, v, g, w, s.n, vec, k, q8_tables());
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
 template <typename G, typename S>
 void launch_typed(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
-  if (s.weight != nullptr) launch<G, S, true>(s, k, stream, max_sms);
-  else launch<G, S, false>(s, k, stream, max_sms);
+  if constexpr (std::is_same_v<S, std::uint8_t>) {
+    if (s.weight != nullptr) launch_q8<G, true>(s, k, stream, max_sms);
+    else launch_q8<G, false>(s, k, stream, max_sms);
+  } else {
+    if (s.weight != nullptr) launch<G, S, true>(s, k, stream, max_sms);
+    else launch<G, S, false>(s, k, stream, max_sms);
+  }
 }
 
 // ---- sum of squares ------------------------------------------------------------------------
@@ -296,6 +454,11 @@ __global__ void sum_partials_kernel(double* partials, int n) {
 void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_gpu: null master/m/v/grad pointer");
+  if (s.state == StateType::q8) {
+    if (s.grad_type == GradType::bf16) launch_typed<std::uint16_t, std::uint8_t>(s, k, stream, max_sms);
+    else launch_typed<float, std::uint8_t>(s, k, stream, max_sms);
+    return;
+  }
   const bool bf16_state = s.state == StateType::bf16;
   if (s.grad_type == GradType::bf16) {
     if (bf16_state) launch_typed<std::uint16_t, std::uint16_t>(s, k, stream, max_sms);

@@ -16,7 +16,7 @@
  * The per-step constants are folded once per step in double (make_step_scalars); the element
  * loops run in fp32.
  *
- * State type (GHT_OPT_STATE=fp32|bf16): master is always fp32; m and v are fp32, or bf16 to cut
+ * State type (GHT_OPT_STATE=fp32|bf16|q8): master is always fp32; m and v are fp32, or bf16 to cut
  * the state each step moves from 24 to 16 bytes per parameter. In bf16 the update above runs in
  * fp32 on the widened m and v (p uses the unrounded fp32 m and v of this step), then stores
  *   m  = bf16_rn(m)                             round to nearest even
@@ -27,9 +27,16 @@
  * resume. The GPU kernel then rounds every fp32 operation separately (no FMA contraction), as
  * the host loop does, so both produce the same bytes.
  *
+ * q8 state (GHT_OPT_STATE=q8): m and v are one-byte codes in blocks of kQ8Block elements with one
+ * fp32 scale per block (Q8Tables below). The update runs in fp32 as above on the dequantized m
+ * and v (code value · scale; p uses this step's unrounded fp32 m and v), then each block stores
+ *   scale = max |new values of the block|,  code_i = nearest map entry to new_i / scale
+ * so a span must start at a block boundary of its region (chunks are multiples of kQ8Block).
+ * Deterministic (no random bits); the GPU kernel rounds every operation on its own as for bf16.
+ *
  * Bytes each parameter must move (the roofline of every path):
- *   read grad (2 bf16 / 4 fp32) + read master, m, v (12; 8 with bf16 state)
- *   + write master, m, v (12; 8 with bf16 state) + write w (2).
+ *   read grad (2 bf16 / 4 fp32) + read master, m, v (12; 8 with bf16 state; 6.03 with q8)
+ *   + write master, m, v (12; 8 with bf16 state; 6.03 with q8) + write w (2).
  * FLOPs per parameter: about 15 plus one sqrt and one divide; every path is memory-bound.
  */
 #include <cstddef>
@@ -52,20 +59,97 @@ enum class GradType : int { bf16 = 0, fp32 = 1 };
   return t == GradType::bf16 ? 2 : 4;
 }
 
-/// Element type of the AdamW moments m and v (master is always fp32).
-enum class StateType : int { fp32 = 0, bf16 = 1 };
-/// Bytes of one m or v element: the one place every state size (allocation, dma slots, undo
-/// arena, the plan's regions) is derived from.
-[[nodiscard]] constexpr std::size_t state_type_size(StateType t) noexcept {
-  return t == StateType::bf16 ? 2 : 4;
+/// Element type of the AdamW moments m and v (master is always fp32). q8: blockwise 8-bit codes
+/// (kQ8Block elements per block, one fp32 scale per block and moment; see "q8" below).
+enum class StateType : int { fp32 = 0, bf16 = 1, q8 = 2 };
+
+/// q8 state: elements per quantization block, and the bytes of one block's record in a moment's
+/// storage: kQ8Block one-byte codes, then the block's fp32 scale (4-byte aligned records, so the
+/// bytes of elements [a, b) with a a multiple of kQ8Block are one contiguous range).
+inline constexpr std::size_t kQ8Block = 256;
+inline constexpr std::size_t kQ8Record = kQ8Block + sizeof(float);
+
+/// Bytes of n consecutive m (or v) elements of a region: the one place every state size is
+/// derived from (allocations, dma slots and copies, the undo arena, staging, the plan's regions).
+/// q8 counts whole block records (the last one partial in elements, whole in bytes).
+[[nodiscard]] constexpr std::size_t state_bytes(StateType t, std::size_t n) noexcept {
+  if (t == StateType::q8) return (n + kQ8Block - 1) / kQ8Block * kQ8Record;
+  return n * (t == StateType::bf16 ? 2 : 4);
+}
+/// Elements every chunk boundary inside a region must be a multiple of: q8 state is stored in
+/// whole blocks, so a chunk (GHT_OPT_CHUNK, dma slots, cpu staging) covers whole blocks.
+[[nodiscard]] constexpr std::size_t state_granule(StateType t) noexcept {
+  return t == StateType::q8 ? kQ8Block : 1;
+}
+/// Byte offset of element `first` in a region's m (or v) storage; `first` must be a multiple of
+/// state_granule(t) (chunks start there).
+[[nodiscard]] constexpr std::size_t state_offset(StateType t, std::size_t first) noexcept {
+  return state_bytes(t, first);
+}
+/// Bytes of master + m + v per parameter (12, 8, or 4 + 2 x 260/256 = 6.03 with q8).
+[[nodiscard]] constexpr double state_bytes_per_param(StateType t) noexcept {
+  return 4.0 + 2.0 * static_cast<double>(state_bytes(t, kQ8Block)) / static_cast<double>(kQ8Block);
 }
 [[nodiscard]] constexpr const char* to_string(StateType t) noexcept {
-  return t == StateType::bf16 ? "bf16" : "fp32";
+  return t == StateType::q8 ? "q8" : t == StateType::bf16 ? "bf16" : "fp32";
 }
-/// "fp32|bf16" (case-insensitive); throws ght::config_error naming GHT_OPT_STATE and the text.
+/// "fp32|bf16|q8" (case-insensitive); throws ght::config_error naming GHT_OPT_STATE and the text.
 [[nodiscard]] StateType parse_state_type(std::string_view text);
 /// The type from GHT_OPT_STATE.
 [[nodiscard]] StateType state_type_from_config();
+
+/**
+ * q8 maps: what a code means, as a fraction of its block's scale (the block's absmax).
+ * Both are "dynamic": a code's leading zero bits (after m's sign bit) count decades down from 1,
+ * the rest is a linear fraction within the decade, so resolution is finest near 1 (0.7% steps for
+ * v, 1.4% for m) and coarsest in the lowest decades.
+ *   v (unsigned, code c): c >= 1: F = floor(log2 c), z = 7 - F, f = c - 2^F:
+ *      (2^F + 9(f+1)) / (10 · 2^F · 10^z)    decade (10^-(z+1), 10^-z], c = 255 gives 1;
+ *      c = 0 gives 10^-8. No code is 0: a v stored as 0 would make m / (sqrt(v) + eps) blow up.
+ *   m (sign bit 0x80 + magnitude a = c & 0x7F): a = 0 is 0; a >= 1: F = floor(log2 a), z = 6 - F,
+ *      f = a - 2^F: (2^F + 9(f+1)) / (10 · 2^F · 10^z), a = 127 gives 1, a = 1 gives 10^-6 (the
+ *      decade (10^-7, 10^-6] holds that one value). Code 0x80 (-0) is never written.
+ * Each value is computed in double from integers (one rounding) and then rounded to fp32.
+ * Quantizing x of a block with scale s: q = x · r with r = 1/s (fp32, correctly rounded; r = 0
+ * when s = 0), then the nearest map entry: the number of fp32 midpoints between neighbouring
+ * entries that are < q (m: of |q|, then the sign). Same integer and fp32 code on the host and the GPU.
+ */
+struct Q8Tables {
+  float m[256];      ///< m's value of each code (sign included)
+  float v[256];      ///< v's value of each code, increasing with the code
+  float m_mid[128];  ///< midpoints between m magnitudes a and a + 1; [127] = +inf
+  float v_mid[256];  ///< midpoints between v codes c and c + 1; [255] = +inf
+};
+/// The tables, computed once (the GPU kernel gets a copy of these bytes as a kernel argument).
+[[nodiscard]] const Q8Tables& q8_tables() noexcept;
+
+/// The number of entries of the sorted `mid` (2^log2n entries, the last +inf) that are < q.
+GHT_HD unsigned q8_search(const float* mid, unsigned half, float q) {
+  unsigned i = 0;
+  for (unsigned s = half; s > 0; s >>= 1) i += q > mid[i + s - 1] ? s : 0u;
+  return i;
+}
+/// The m code of q = x / scale; 0 for 0 (and NaN).
+GHT_HD std::uint8_t q8_code_m(const Q8Tables& t, float q) {
+  const float a = q < 0 ? -q : q;
+  const unsigned mag = q8_search(t.m_mid, 64, a);
+  return static_cast<std::uint8_t>(mag == 0 ? 0u : mag | (q < 0 ? 0x80u : 0u));
+}
+/// The v code of q = x / scale (v >= 0).
+GHT_HD std::uint8_t q8_code_v(const Q8Tables& t, float q) {
+  return static_cast<std::uint8_t>(q8_search(t.v_mid, 128, q));
+}
+
+/**
+ * @brief Quantize n fp32 values (one moment of a region, from element 0) into q8 block records:
+ * per block the scale is the absmax, every code the nearest map entry (Q8Tables); the codes
+ * after the last element of a partial block are 0. is_v: v's map (values must be >= 0), else m's.
+ * For values dequantized from q8 (a checkpoint) this gives back the same bytes, as long as each
+ * block's scale is a normal fp32 at least 2^-90 (products with the smallest entry stay normal).
+ */
+void q8_quantize(const float* x, std::size_t n, std::uint8_t* records, bool is_v);
+/// The values n elements of q8 records stand for: code value x scale, one fp32 multiply each.
+void q8_dequantize(const std::uint8_t* records, std::size_t n, float* x, bool is_v);
 
 /// splitmix64's output function: a bijective 64-bit mix.
 GHT_HD std::uint64_t mix64(std::uint64_t x) {
@@ -134,7 +218,7 @@ struct StepScalars {
 /// A contiguous slice of one region, updated in place.
 struct AdamWSpan {
   float* master = nullptr;  ///< (n) fp32 master weights
-  void* m = nullptr;        ///< (n) first moment, element type `state`
+  void* m = nullptr;        ///< (n) first moment, element type `state` (q8: state_bytes(q8, n) of block records, 4-byte aligned)
   void* v = nullptr;        ///< (n) second moment, element type `state`
   const void* grad = nullptr;  ///< (n) gradients, element type grad_type
   GradType grad_type = GradType::bf16;

@@ -262,8 +262,9 @@ std::string save_sharded(TrainBackend& be, const TrainSession& s, std::int64_t s
 
 // The checkpoint of the backend's current state: the optimizer's fp32 master (also the weights,
 // as on every backend), m and v, read in place where they live on the host as fp32. bf16 m and v
-// (GHT_OPT_STATE=bf16) are widened into F32 tensors (exact, so a bf16 run resumes byte for byte;
-// one file format for both types); optimizer.json records the type. With DiLoCo every rank calls
+// (GHT_OPT_STATE=bf16) are widened into F32 tensors, q8 ones dequantized (both exact, and loading
+// them gives back the same bytes, so such a run resumes byte for byte; one file format for every
+// type); optimizer.json records the type. With DiLoCo every rank calls
 // it (a collective): rank 0 writes θ_global as the weights, the momentum and the shared files,
 // every rank its own shard into the same staging directory, and rank 0 commits the whole once
 // every shard is written. Returns the directory on rank 0, "" on the others. ZeRO-1: save_sharded.
@@ -509,13 +510,17 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
                                              describe_difference(saved_model, this_model));
   optimizer::AdamW& opt = be.optimizer();
   // Checkpoints of older builds carry no state type: theirs was fp32. Across types load_state
-  // converts: fp32 -> bf16 rounds m and v to nearest, bf16 -> fp32 widens them exactly.
+  // converts the F32 values the checkpoint holds: into bf16 it rounds m and v to nearest, into
+  // q8 it quantizes them per block, into fp32 it takes them as they are (exact).
   const std::string saved_state = c.optimizer.value("state_dtype", "fp32");
   const optimizer::StateType state = optimizer::parse_state_type(saved_state);
   if (state != opt.state_type()) {
+    const optimizer::StateType now = opt.state_type();
     s.say("note: checkpoint " + where + " holds " + saved_state + " AdamW m and v, this run keeps " +
-          optimizer::to_string(opt.state_type()) + " (GHT_OPT_STATE): converted on load" +
-          (opt.state_type() == optimizer::StateType::bf16 ? ", rounded to nearest" : ", exactly"));
+          optimizer::to_string(now) + " (GHT_OPT_STATE): converted on load" +
+          (now == optimizer::StateType::bf16 ? ", rounded to nearest"
+           : now == optimizer::StateType::q8 ? ", quantized per 256-element block"
+                                             : ", exactly"));
   }
   // Checkpoints of older builds carry no world size: they were written by one process.
   const int saved_world = c.optimizer.value("world_size", 1);

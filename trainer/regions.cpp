@@ -120,16 +120,21 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   gr.host_access = std::move(host);
   out.push_back(std::move(gr));
 
-  const std::uint64_t moment = optimizer::state_type_size(st);
+  // m and v: optimizer::state_bytes of the group's parameters (q8: whole 256-element block
+  // records over the group, within one record per tensor of the optimizer's per-tensor regions).
+  const std::uint64_t moment = optimizer::state_bytes(st, p_rank);
   const std::tuple<const char*, ght::TensorClass, std::uint64_t> states[] = {
-      {"master", ght::TensorClass::master, sizeof(float)},
+      {"master", ght::TensorClass::master, sizeof(float) * p_rank},
       {"adam_m", ght::TensorClass::adam_m, moment},
       {"adam_v", ght::TensorClass::adam_v, moment}};
-  for (const auto& [suffix, cls, elem] : states) {
-    Region s = base(suffix, cls, elem * p_rank);
+  for (const auto& [suffix, cls, bytes] : states) {
+    Region s = base(suffix, cls, bytes);
     Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-    a.gpu_read_bytes = static_cast<double>(elem) * P_rank;
-    a.gpu_write_bytes = static_cast<double>(elem) * P_rank;
+    // This rank's share of the group's traffic (P / ranks; the bytes are of the ceil(P / ranks)
+    // it holds): 1 with one rank.
+    const double share = P_rank / static_cast<double>(p_rank);
+    a.gpu_read_bytes = static_cast<double>(bytes) * share;
+    a.gpu_write_bytes = static_cast<double>(bytes) * share;
     s.access = {a};
     out.push_back(std::move(s));
   }

@@ -18,7 +18,7 @@
  *                   The last micro-batch's copy and add can only hide behind the backward left
  *                   after the gradient is complete (none for the embedding: critical path).
  *   <group>.master, .adam_m, .adam_v   fp32, 4 B/param each (m and v: 2 B/param with
- *                   GHT_OPT_STATE=bf16, optimizer::state_type_size). On the host, the gpu_link AdamW
+ *                   GHT_OPT_STATE=bf16, 260 B per 256 params with q8, optimizer::state_bytes). On the host, the gpu_link AdamW
  *                   reads and writes each in place once per step through kernel access. It can
  *                   hide behind the last micro-batch's backward and the next forward: a window of
  *                   1/grad_accum of the step.

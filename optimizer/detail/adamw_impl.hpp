@@ -131,7 +131,7 @@ struct AdamW::Impl {
   CUstream_st* cpu_up = nullptr;    // cpu path: weight uploads and the regions' events (the worker's)
   CUevent_st* produced = nullptr;
   CUevent_st* step_barrier = nullptr;
-  alloc::unique_block dma_mem;      // per slot: (dma_chunk) fp32 master, then m and v of the state type; HBM
+  alloc::unique_block dma_mem;      // per slot: (dma_chunk) fp32 master, then m and v (bytes(1, dma_chunk) each); HBM
   std::size_t dma_chunk = detail::kDmaChunk;  // parameters per slot: kDmaChunk, or the largest region
   CUevent_st* dma_in[detail::kDmaSlots] = {};
   CUevent_st* dma_updated[detail::kDmaSlots] = {};
@@ -161,7 +161,7 @@ struct AdamW::Impl {
   // in HBM; cpu regions keep theirs in the host arena (RegionState::spec_saves).
   struct SpecChunk {
     std::size_t region = 0, chunk = 0, off = 0, count = 0;
-    unsigned char* save = nullptr;  // master, m, v (spec_pad(count) elements each), then count bf16
+    unsigned char* save = nullptr;  // master, m, v (spec_pad(count) elements each, 16-byte aligned), then count bf16
   };
   alloc::unique_block spec_arena;
   std::size_t spec_cap = 0, spec_used = 0;
@@ -197,7 +197,13 @@ struct AdamW::Impl {
   void ensure_staging();
   unsigned char* slot_grad(int slot) { return staging[slot].as<unsigned char>(); }
   bf16* slot_weight(const RegionState& rs, int slot);
-  std::size_t esize(int i) const;
+  /// Bytes of n elements of state array i (0 master, 1 m, 2 v), and the byte offset of element
+  /// `first` (a multiple of granule()): every state size and address derives from these.
+  std::size_t bytes(int i, std::size_t n) const;
+  std::size_t offset(int i, std::size_t first) const;
+  /// Elements every chunk is a multiple of: 64 (16-byte aligned vectors of fp32 and bf16), and
+  /// whole q8 blocks.
+  std::size_t granule() const { return std::max<std::size_t>(64, state_granule(state_type)); }
   std::size_t count_of(const RegionState& rs, std::size_t c) const {
     return std::min(rs.chunk, rs.desc.n - c * rs.chunk);
   }

@@ -19,6 +19,10 @@ export GHT_OPT_STATE=bf16
 [ "$(plan_bytes adam_v)" = "48.00 KiB" ] || fail "bf16 plan: embedding adam_v is '$(plan_bytes adam_v)', expected 48.00 KiB"
 [ "$(plan_bytes master)" = "96.00 KiB" ] || fail "bf16 plan: embedding master is '$(plan_bytes master)', expected 96.00 KiB"
 echo "plan: bf16 m and v at half the bytes, master unchanged"
+# q8: 96 blocks of 256 parameters, 260 bytes each (256 codes + an fp32 scale).
+[ "$(GHT_OPT_STATE=q8 plan_bytes adam_m)" = "24.38 KiB" ] || fail "q8 plan: embedding adam_m is '$(GHT_OPT_STATE=q8 plan_bytes adam_m)', expected 24.38 KiB"
+[ "$(GHT_OPT_STATE=q8 plan_bytes master)" = "96.00 KiB" ] || fail "q8 plan: embedding master changed"
+echo "plan: q8 m and v at 260 bytes per 256 parameters"
 
 prep_corpus "$work/data"
 args=("${small_args[@]}" --backend cpu --data "$work/data")

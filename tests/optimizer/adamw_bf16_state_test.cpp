@@ -252,7 +252,7 @@ TEST(Bf16StateAdamW, StateBytesFollowTheStateType) {
   const std::uint64_t params = sizes[0] + sizes[1];
   EXPECT_EQ(m_bytes[0], 4 * params);
   EXPECT_EQ(v_bytes[0], 4 * params);
-  EXPECT_EQ(m_bytes[1], state_type_size(StateType::bf16) * params);
+  EXPECT_EQ(m_bytes[1], state_bytes(StateType::bf16, params));
   EXPECT_EQ(v_bytes[1], 2 * params);
   EXPECT_EQ(master_bytes[1], master_bytes[0]) << "master stays fp32";
   // dma slots: master 4 + m 2 + v 2 bytes per parameter instead of 12.

@@ -160,7 +160,7 @@ TEST(AdamWCpuWorker, HostOnlyRegionsAreUpdatedOnTheCallingThreadByDefault) {
 
 TEST(CpuSpeculation, BytesEqualThePlainStepWhateverBeginStepDecides) {
   for (std::optional<bool> worker : {std::optional<bool>(false), std::optional<bool>(true)}) {
-    for (StateType st : {StateType::fp32, StateType::bf16}) {
+    for (StateType st : {StateType::fp32, StateType::bf16, StateType::q8}) {
       for (GradType gt : {GradType::bf16, GradType::fp32}) {
         SCOPED_TRACE(std::string(*worker ? "worker" : "calling thread") + ", state " + to_string(st));
         for (Outcome o : {Outcome::kept, Outcome::clipped, Outcome::lr_changed, Outcome::nonfinite}) {

@@ -1,7 +1,7 @@
 // Speculative updates (AdamW::speculate_region) against the same steps without speculation:
 // every byte of master, m, v and the bf16 weights must be equal after each step, whether
 // begin_step keeps the speculation (unclipped), recomputes it (clipped, or a different lr) or
-// restores it (non-finite gradients); with fp32 and with bf16 m and v. Also: which regions are eligible, the arena limit, and
+// restores it (non-finite gradients); with fp32, bf16 and q8 m and v. Also: which regions are eligible, the arena limit, and
 // cancel_speculation. Skips without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -62,11 +62,13 @@ INSTANTIATE_TEST_SUITE_P(Modes, SpeculationTwins,
                                            SpecCase{LinkMode::dma, GradType::bf16},
                                            SpecCase{LinkMode::dma, GradType::fp32},
                                            SpecCase{LinkMode::zero_copy, GradType::bf16, StateType::bf16},
-                                           SpecCase{LinkMode::dma, GradType::fp32, StateType::bf16}),
+                                           SpecCase{LinkMode::dma, GradType::fp32, StateType::bf16},
+                                           SpecCase{LinkMode::zero_copy, GradType::fp32, StateType::q8},
+                                           SpecCase{LinkMode::dma, GradType::bf16, StateType::q8}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.mode)) +
                                   (info.param.grad_type == GradType::bf16 ? "_bf16" : "_fp32") +
-                                  (info.param.state == StateType::bf16 ? "_bf16_state" : "");
+                                  (info.param.state == StateType::fp32 ? "" : std::string("_") + to_string(info.param.state) + "_state");
                          });
 
 TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) {

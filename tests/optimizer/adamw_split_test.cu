@@ -134,11 +134,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, SplitTwins,
                          ::testing::Values(SplitCase{LinkMode::dma, GradType::fp32, StateType::fp32},
                                            SplitCase{LinkMode::dma, GradType::bf16, StateType::fp32},
                                            SplitCase{LinkMode::zero_copy, GradType::fp32, StateType::fp32},
-                                           SplitCase{LinkMode::dma, GradType::fp32, StateType::bf16}),
+                                           SplitCase{LinkMode::dma, GradType::fp32, StateType::bf16},
+                                           SplitCase{LinkMode::dma, GradType::bf16, StateType::q8}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.mode)) +
                                   (info.param.grad_type == GradType::bf16 ? "_bf16" : "_fp32") +
-                                  (info.param.state == StateType::bf16 ? "_bf16_state" : "");
+                                  (info.param.state == StateType::fp32 ? "" : std::string("_") + to_string(info.param.state) + "_state");
                          });
 
 // A consumer that waits for region_event right after the step (no synchronize) must find the

@@ -1,5 +1,5 @@
 #pragma once
-// Shared by the bf16-state optimizer tests (host and GPU): random inputs for one AdamW span with
+// Shared by the bf16- and q8-state optimizer tests (host and GPU): random inputs for one AdamW span with
 // bf16 m and v, and a driver that runs ght::optimizer::AdamW for a few steps on any path and
 // returns every byte of its state and weights, so paths can be compared for equality.
 #include <gtest/gtest.h>
@@ -52,20 +52,20 @@ inline Bf16StateInputs random_bf16_state(std::size_t n, GradType t, std::uint32_
 }
 
 /// What a run of AdamW leaves: per region master, m and v (save_state: m and v widened from
-/// bf16) and the bf16 weights.
+/// bf16, or dequantized from q8) and the bf16 weights.
 struct RunBytes {
   std::vector<std::vector<float>> p, m, v;
   std::vector<std::vector<std::uint16_t>> w;
 };
 
 /// Regions of these sizes with deterministic gradients (bf16) and weights in `mem`, `steps`
-/// steps of AdamW with bf16 state at a varying lr; clip_scale multiplies every gradient (large:
+/// steps of AdamW with bf16 state (or base.state_type where set: q8 too) at a varying lr; clip_scale multiplies every gradient (large:
 /// the clip is active). Gradients change every step.
 inline RunBytes run_bf16_state(const AdamWOptions& base, Mem& gmem, Mem& wmem,
                                std::shared_ptr<alloc::tiered_allocator> alloc,
                                const std::vector<std::size_t>& sizes, int steps, float clip_scale) {
   AdamWOptions o = base;
-  o.state_type = StateType::bf16;
+  if (!o.state_type) o.state_type = StateType::bf16;
   std::vector<Region> regions;
   std::vector<void*> grads, weights;
   for (std::size_t r = 0; r < sizes.size(); ++r) {

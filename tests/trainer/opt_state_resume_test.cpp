@@ -1,4 +1,4 @@
-// GHT_OPT_STATE=bf16 through the training loop on the CPU backend: a checkpoint records the state
+// GHT_OPT_STATE=bf16 and q8 through the training loop on the CPU backend: a checkpoint records the state
 // type and holds m and v as F32 tensors of bf16 values; stopping and resuming matches an
 // uninterrupted run bit for bit (every loss and every tensor file byte); a checkpoint of the other
 // type loads with a note naming both types and the variable: fp32 -> bf16 rounds m and v to
@@ -62,29 +62,53 @@ class OptStateResume : public ::testing::Test {
   ght::test::TempDir tmp_{"ght_opt_state_test"};
 };
 
-TEST_F(OptStateResume, Bf16StopAndResumeMatchesAStraightRunByteForByte) {
-  ght::test::ScopedFlag bf16("GHT_OPT_STATE", "bf16");
-  (void)train(config(tmp_ / "data", tmp_ / "straight"), quiet());
-  const TrainConfig cfg = config(tmp_ / "data", tmp_ / "resumed");
+// Stop at step 3 and resume to 6 with m and v of `type`: every loss and every tensor file byte
+// equal to a straight run's.
+void expect_exact_resume(const std::string& root, const char* type) {
+  ght::test::ScopedFlag st("GHT_OPT_STATE", type);
+  (void)train(config(root + "/data", root + "/straight"), quiet());
+  const TrainConfig cfg = config(root + "/data", root + "/resumed");
   (void)train(cfg, quiet("", 3));
   ASSERT_EQ(list_checkpoints(cfg.out), std::vector<std::int64_t>{3});
   const CheckpointData at3 = load(cfg.out + "/ckpt_00000003");
-  EXPECT_EQ(at3.optimizer.at("state_dtype"), "bf16");
-  expect_bf16_moments(at3);
+  EXPECT_EQ(at3.optimizer.at("state_dtype"), type);
+  if (std::string(type) == "bf16") expect_bf16_moments(at3);
 
   const TrainSummary s = train(cfg, quiet("auto"));
   EXPECT_EQ(s.first_step, 3);
   EXPECT_EQ(s.last_step, 6);
-  const auto a = test::read_log(tmp_ / "straight").loss, b = test::read_log(cfg.out).loss;
+  const auto a = test::read_log(root + "/straight").loss, b = test::read_log(cfg.out).loss;
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);
   for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;  // bit-identical
   for (const char* f : {"optimizer.master.safetensors", "optimizer.m.safetensors", "optimizer.v.safetensors",
                         "model.safetensors"}) {
-    EXPECT_EQ(fileio::read_all(tmp_ / "straight/ckpt_00000006/" + f), fileio::read_all(cfg.out + "/ckpt_00000006/" + f))
+    EXPECT_EQ(fileio::read_all(root + "/straight/ckpt_00000006/" + f), fileio::read_all(cfg.out + "/ckpt_00000006/" + f))
         << f << " differs between the straight and the resumed run";
   }
-  expect_bf16_moments(load(cfg.out + "/ckpt_00000006"));
+  if (std::string(type) == "bf16") expect_bf16_moments(load(cfg.out + "/ckpt_00000006"));
+}
+
+TEST_F(OptStateResume, Bf16StopAndResumeMatchesAStraightRunByteForByte) { expect_exact_resume(tmp_.str(), "bf16"); }
+
+// q8: the checkpoint holds the dequantized m and v; loading them quantizes back to the same
+// codes and scales (optimizer/adamw_q8_state_test), so the resumed run is the straight one.
+TEST_F(OptStateResume, Q8StopAndResumeMatchesAStraightRunByteForByte) { expect_exact_resume(tmp_.str(), "q8"); }
+
+TEST_F(OptStateResume, AnFp32CheckpointLoadsIntoQ8WithANote) {
+  const std::string fp32_run = tmp_ / "fp32";
+  (void)train(config(tmp_ / "data", fp32_run), quiet("", 3));
+  ght::test::ScopedFlag q8("GHT_OPT_STATE", "q8");
+  TrainRunOptions r;
+  r.resume = fp32_run + "/ckpt_00000003";
+  ::testing::internal::CaptureStdout();
+  const TrainSummary s = train(config(tmp_ / "data", tmp_ / "q8"), r);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(s.first_step, 3);
+  EXPECT_NE(out.find("holds fp32 AdamW m and v, this run keeps q8 (GHT_OPT_STATE): converted on load, quantized"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(load(tmp_ / "q8/ckpt_00000006").optimizer.at("state_dtype"), "q8");
 }
 
 TEST_F(OptStateResume, ACheckpointOfTheOtherTypeConvertsWithANote) {

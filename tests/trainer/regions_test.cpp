@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "common/registry.hpp"
@@ -257,6 +258,31 @@ TEST(PlanScenarios, Bf16StateShrinksTheHostStateAndItsLinkTime) {
   EXPECT_EQ(state_bytes(p), 8 * P);
   EXPECT_LT(p.prediction().optimizer_link_seconds, fp32.prediction().optimizer_link_seconds);
   EXPECT_LE(p.prediction().step_seconds, fp32.prediction().step_seconds);
+}
+
+// q8 m and v: 260 bytes per 256 parameters each (whole block records per group), below bf16's
+// 4, and less optimizer link time than bf16 state.
+TEST(PlanScenarios, Q8StateShrinksTheHostStateBelowBf16) {
+  auto state_of = [](const Plan& plan) {
+    std::uint64_t b = 0;
+    for (const Region& r : plan.regions()) {
+      if (r.cls == TensorClass::master || r.cls == TensorClass::adam_m || r.cls == TensorClass::adam_v) b += r.bytes;
+    }
+    return b;
+  };
+  std::optional<Plan> bf16;
+  {
+    ght::test::ScopedFlag st("GHT_OPT_STATE", "bf16");
+    bf16 = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  }
+  ght::test::ScopedFlag st("GHT_OPT_STATE", "q8");
+  const Plan p = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=96G"});
+  SCOPED_TRACE(p.format_table(true));
+  expect_within_budgets(p);
+  const auto P = static_cast<double>(preset("seed-21b").total_params());
+  EXPECT_NEAR(static_cast<double>(state_of(p)) / P, 4 + 2 * 260.0 / 256, 1e-4);
+  EXPECT_LT(p.prediction().optimizer_link_seconds, bf16->prediction().optimizer_link_seconds);
+  EXPECT_LE(p.prediction().step_seconds, bf16->prediction().step_seconds);
 }
 
 TEST(PlanScenarios, Seed21bOnGh200With141GBKeepsGradsInHbm) {

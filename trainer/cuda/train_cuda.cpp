@@ -499,14 +499,14 @@ void CudaRun::setup() {
 
   // Link bytes per step, from each region's path (the optimizer's own traffic and the stream).
   std::size_t by_path[3] = {0, 0, 0};
-  const auto state_bytes_per_param = static_cast<double>(4 + 2 * optimizer::state_type_size(opt_->state_type()));
+  const double state_bytes_per_param = optimizer::state_bytes_per_param(opt_->state_type());
   for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
     const auto n = static_cast<double>(opt_->region(r).n);
     const optimizer::Path p = opt_->path(r);
     by_path[static_cast<int>(p)] += opt_->region(r).n;
     if (p == optimizer::Path::gpu_link) {
-      // Host master, m and v read and written once (4 + 2·moment bytes each way: 12, or 8 with
-      // bf16 m and v); a host gradient is read too. (A region whose state the plan split between
+      // Host master, m and v read and written once (12 bytes each way, 8 with bf16 m and v,
+      // 6.03 with q8); a host gradient is read too. (A region whose state the plan split between
       // tiers is counted as all-host: an upper bound.)
       link_h2d_per_step_ += state_bytes_per_param * n + (stream_grads_ ? 4 * n : 0);
       link_d2h_per_step_ += state_bytes_per_param * n;
