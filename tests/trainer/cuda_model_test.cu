@@ -23,6 +23,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/gpu.hpp"
@@ -457,6 +458,89 @@ TEST(CudaModel, CudaGraphsWaitForQuietHooks) {
   for (int i = 0; i < 3; ++i) (void)m.forward_backward(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 1.0f);
   EXPECT_EQ(m.cuda_graph_launches(), 2);  // the first quiet call runs eagerly (warm-up)
   EXPECT_EQ(calls, 2 * m.num_units());    // ... and calls the hooks, which are quiet
+}
+
+// The caller's forward-end event is recorded inside replays too (an event record node pointed at
+// it at each launch: a stale one would precede the micro-batch's start), and the delayed update's
+// two alternating weight/gradient pairs keep one graph each (2 captures, not one per switch),
+// with the losses and both pairs' gradients of eager runs bit for bit.
+TEST(CudaModel, CudaGraphsTimeTheForwardAndKeepTwoBufferPairs) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(10);
+  round_params_to_bf16(cpu);
+  const Batch2 batches[] = {random_batch(c, 41), random_batch(c, 42)};
+  constexpr int kCalls = 6;  // pairs 0, 1, 0, 1, 0, 1: warm, warm, capture, capture, replay, replay
+  struct Outcome {
+    std::vector<Loss> losses;
+    std::vector<float> grads[2];
+    std::int64_t launches = 0, captures = 0;
+  };
+  auto run = [&](bool graphs) {
+    CudaModelOptions o;
+    o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+    o.expert_impl = kernels::cuda::cutlass_available() ? kernels::cuda::GroupedGemmImpl::cutlass
+                                                       : kernels::cuda::GroupedGemmImpl::custom;
+    o.cuda_graphs = graphs;
+    CudaMoEModel m(c, std::move(o));
+    m.load_weights(cpu.params());
+    m.zero_grad();
+    const std::size_t n = m.num_params();
+    void* w2 = nullptr;
+    void* g2 = nullptr;
+    EXPECT_EQ(cudaMalloc(&w2, n * sizeof(__nv_bfloat16)), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&g2, n * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(w2, m.weights(), n * sizeof(__nv_bfloat16), cudaMemcpyDeviceToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemset(g2, 0, n * sizeof(float)), cudaSuccess);
+    cudaEvent_t start = nullptr, fwd = nullptr, end = nullptr;
+    EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&fwd), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&end), cudaSuccess);
+    Outcome out;
+    auto* other_w = static_cast<__nv_bfloat16*>(w2);
+    void* other_g = g2;
+    for (int i = 0; i < kCalls; ++i) {
+      if (i > 0) std::tie(other_w, other_g) = m.swap_buffers(other_w, other_g);  // alternate the pairs
+      const Batch2& b = batches[i % 2];
+      EXPECT_EQ(cudaEventRecord(start, m.stream()), cudaSuccess);
+      m.forward_backward_async(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 0.5f, 0, fwd);
+      EXPECT_EQ(cudaEventRecord(end, m.stream()), cudaSuccess);
+      out.losses.push_back(m.collect_loss(0));
+      EXPECT_EQ(cudaEventSynchronize(end), cudaSuccess);
+      float to_fwd = 0, from_fwd = 0;
+      EXPECT_EQ(cudaEventElapsedTime(&to_fwd, start, fwd), cudaSuccess) << "call " << i;
+      EXPECT_EQ(cudaEventElapsedTime(&from_fwd, fwd, end), cudaSuccess) << "call " << i;
+      EXPECT_GT(to_fwd, 0.0f) << "call " << i << ": the forward-end event was not recorded in this call";
+      EXPECT_GT(from_fwd, 0.0f) << "call " << i;
+    }
+    // kCalls - 1 = 5 swaps: the model holds pair 1 now; one more gives it back its own pair 0.
+    out.grads[1] = host_grads(m);
+    std::tie(other_w, other_g) = m.swap_buffers(other_w, other_g);
+    out.grads[0] = host_grads(m);
+    out.launches = m.cuda_graph_launches();
+    out.captures = m.cuda_graph_captures();
+    for (cudaEvent_t e : {start, fwd, end}) (void)cudaEventDestroy(e);
+    // Pair 1 is free to go once the stream is idle.
+    EXPECT_EQ(cudaStreamSynchronize(m.stream()), cudaSuccess);
+    (void)cudaFree(w2);
+    (void)cudaFree(g2);
+    return out;
+  };
+  const Outcome eager = run(false), graphed = run(true);
+  EXPECT_EQ(eager.launches, 0);
+  ASSERT_EQ(graphed.launches, 4) << "calls 3 to 6 must run as graph launches";
+  EXPECT_EQ(graphed.captures, 2) << "one graph per buffer pair, kept across the switches";
+  ASSERT_EQ(graphed.losses.size(), eager.losses.size());
+  for (std::size_t i = 0; i < eager.losses.size(); ++i) {
+    EXPECT_EQ(graphed.losses[i].ce, eager.losses[i].ce) << "call " << i;
+    EXPECT_EQ(graphed.losses[i].aux, eager.losses[i].aux) << "call " << i;
+  }
+  for (int p = 0; p < 2; ++p) {
+    ASSERT_EQ(graphed.grads[p].size(), eager.grads[p].size());
+    EXPECT_EQ(std::memcmp(graphed.grads[p].data(), eager.grads[p].data(), eager.grads[p].size() * sizeof(float)), 0)
+        << "pair " << p << ": gradients differ between graph replays and eager runs";
+  }
 }
 
 TEST(CudaModel, HooksRunPerUnitInOrder) {

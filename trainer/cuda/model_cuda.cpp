@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <numbers>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "alloc/block.hpp"
 #include "kernels/cuda/embedding.hpp"
@@ -26,6 +28,7 @@
 #include "tier/config.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
+#include "tier/log.hpp"
 
 namespace ght::trainer {
 
@@ -259,11 +262,24 @@ struct CudaMoEModel::Impl {
     bool operator==(const GraphKey&) const = default;
   };
   std::int64_t buffer_generation = 0;
-  std::optional<GraphKey> warm_key;  // ran eagerly once: the capture will find its buffers sized
-  GraphKey graph_key;
-  cudaGraphExec_t graph_exec = nullptr;
+  // One graph per key, the newest last. Two: the delayed update alternates two weight/gradient
+  // pairs, and recapturing at every step would cost more than the launches save.
+  static constexpr std::size_t kMaxGraphs = 2;
+  struct Graph {
+    GraphKey key;
+    cudaGraph_t graph = nullptr;  // kept: its forward-end node names the node of exec
+    cudaGraphExec_t exec = nullptr;
+    cudaGraphNode_t fwd_end = nullptr;  // the event record node of mark_forward_end()
+  };
+  std::vector<Graph> graphs;
+  std::vector<GraphKey> warm_keys;  // ran eagerly once: a capture will find their buffers sized
   char* graph_slot = nullptr;
-  std::int64_t graph_launches = 0;
+  std::int64_t graph_launches = 0, graph_captures = 0;
+  // The caller's forward-end event for the forward_backward running now (null: none), and the
+  // event the capture records in its place (each launch points the node at the caller's).
+  cudaEvent_t fwd_end_event = nullptr;
+  cudaEvent_t graph_fwd_placeholder = nullptr;
+  std::string graphs_off;  // why a failed capture turned graphs off (cuda_graphs_fall_back)
   std::function<void(const char*, int)> op_hook;  // kernel tracing: told of every op
   const char* op_name = "idle";
   int op_layer = -1;
@@ -272,8 +288,10 @@ struct CudaMoEModel::Impl {
 
   void release() noexcept {
     if (stream != nullptr) (void)cudaStreamSynchronize(stream);
-    if (graph_exec != nullptr) (void)cudaGraphExecDestroy(graph_exec);
-    graph_exec = nullptr;
+    for (Graph& g : graphs) destroy(g);
+    graphs.clear();
+    if (graph_fwd_placeholder != nullptr) (void)cudaEventDestroy(graph_fwd_placeholder);
+    graph_fwd_placeholder = nullptr;
     blocks.clear();  // each block goes back to the allocator
     for (cudaEvent_t& e : slot_event) {
       if (e != nullptr) (void)cudaEventDestroy(e);
@@ -429,7 +447,10 @@ struct CudaMoEModel::Impl {
     sm_copies = opts.input_copy != IC::engine && slot_host_dev != nullptr;
     scratch_losses = as<kc::RouterLossesDevice>(
         alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));
-    if (opts.cuda_graphs) graph_slot = as<char>(alloc(slot_bytes, kWork, "CUDA graph loss slot"));
+    if (opts.cuda_graphs) {
+      graph_slot = as<char>(alloc(slot_bytes, kWork, "CUDA graph loss slot"));
+      GHT_CUDA_TRY(cudaEventCreateWithFlags(&graph_fwd_placeholder, cudaEventDisableTiming));
+    }
     GHT_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 
@@ -554,6 +575,16 @@ struct CudaMoEModel::Impl {
 
   void hook_forward(int unit) {
     if (hooks.before_unit_forward && !capturing) hooks.before_unit_forward(unit);
+    if (unit == cfg.layers + 1) mark_forward_end();
+  }
+  // After the last layer's forward (and the final unit's hook): the caller's forward-end event.
+  // In a capture it becomes an event record node, pointed at the caller's event at each launch.
+  void mark_forward_end() {
+    if (capturing) {
+      GHT_CUDA_TRY(cudaEventRecordWithFlags(graph_fwd_placeholder, stream, cudaEventRecordExternal));
+    } else if (fwd_end_event != nullptr) {
+      GHT_CUDA_TRY(cudaEventRecord(fwd_end_event, stream));
+    }
   }
   void hook_backward(int unit) {
     if (hooks.after_unit_backward && !capturing) hooks.after_unit_backward(unit);
@@ -882,57 +913,110 @@ struct CudaMoEModel::Impl {
   [[nodiscard]] bool graph_usable() const {
     const bool hooks_idle = (!hooks.before_unit_forward && !hooks.after_unit_backward) ||
                             (hooks_quiet && hooks_quiet());
-    return opts.cuda_graphs && !op_hook && !opts.sync_each_op &&
+    return opts.cuda_graphs && graphs_off.empty() && !op_hook && !opts.sync_each_op &&
            !kc::needs_host_offsets(opts.expert_impl) && hooks_idle;
+  }
+
+  static void destroy(Graph& g) noexcept {
+    if (g.exec != nullptr) (void)cudaGraphExecDestroy(g.exec);
+    if (g.graph != nullptr) (void)cudaGraphDestroy(g.graph);
+    g = Graph{};
   }
 
   // compute() into graph_slot as a graph launch: replayed when captured for this key, captured
   // (then launched) when the key ran eagerly before, else run eagerly once.
   void run_graph(float loss_scale) {
     const GraphKey key{B, T, W, G, loss_scale, buffer_generation};
-    if (graph_exec == nullptr || !(graph_key == key)) {
-      if (!(warm_key && *warm_key == key)) {
+    Graph* g = nullptr;
+    for (Graph& x : graphs) {
+      if (x.key == key) g = &x;
+    }
+    if (g == nullptr) {
+      const bool warm = std::find(warm_keys.begin(), warm_keys.end(), key) != warm_keys.end();
+      if (warm) g = capture(key, loss_scale);
+      if (g == nullptr) {  // not warm yet, or the capture failed and graphs are off now
         compute(graph_slot, true, loss_scale);
-        warm_key = key;
+        if (!warm) {
+          warm_keys.push_back(key);
+          if (warm_keys.size() > kMaxGraphs) warm_keys.erase(warm_keys.begin());
+        }
         return;
       }
-      capture(key, loss_scale);
     }
     op("CUDA graph launch");
-    GHT_CUDA_TRY(cudaGraphLaunch(graph_exec, stream));
+    GHT_CUDA_TRY(cudaGraphExecEventRecordNodeSetEvent(g->exec, g->fwd_end,
+                                                      fwd_end_event != nullptr ? fwd_end_event : graph_fwd_placeholder));
+    GHT_CUDA_TRY(cudaGraphLaunch(g->exec, stream));
     ++graph_launches;
   }
 
-  void capture(const GraphKey& key, float loss_scale) {
+  // The event record node that mark_forward_end() left in `graph`.
+  [[nodiscard]] cudaGraphNode_t forward_end_node(cudaGraph_t graph) const {
+    std::size_t count = 0;
+    GHT_CUDA_TRY(cudaGraphGetNodes(graph, nullptr, &count));
+    std::vector<cudaGraphNode_t> nodes(count);
+    GHT_CUDA_TRY(cudaGraphGetNodes(graph, nodes.data(), &count));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      GHT_CUDA_TRY(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeEventRecord) continue;
+      cudaEvent_t e = nullptr;
+      GHT_CUDA_TRY(cudaGraphEventRecordNodeGetEvent(node, &e));
+      if (e == graph_fwd_placeholder) return node;
+    }
+    GHT_FAIL("CUDA graph capture: the forward-end event record node is missing");
+  }
+
+  // Capture compute() for `key` and keep it (the oldest goes beyond kMaxGraphs). A failure
+  // discards the capture (nothing of it ran) and is thrown, or with cuda_graphs_fall_back turns
+  // graphs off with a warning and returns null, so that the caller runs the micro-batch eagerly.
+  Graph* capture(const GraphKey& key, float loss_scale) {
     op("CUDA graph capture");
     // Thread-local: other threads' CUDA calls (the delayed update's) are not part of it.
     GHT_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
+    Graph g;
+    g.key = key;
+    std::exception_ptr failed;
     capturing = true;
     try {
       compute(graph_slot, true, loss_scale);
     } catch (...) {
-      capturing = false;
-      (void)cudaStreamEndCapture(stream, &graph);  // leaves the stream usable again
-      if (graph != nullptr) (void)cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
-      throw;
+      failed = std::current_exception();
     }
     capturing = false;
-    GHT_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
-    (void)cudaGraphDestroy(graph);
-    GHT_CUDA_TRY(st);
-    if (graph_exec != nullptr) (void)cudaGraphExecDestroy(graph_exec);
-    graph_exec = exec;
-    graph_key = key;
+    const cudaError_t end = cudaStreamEndCapture(stream, &g.graph);  // leaves the stream usable again
+    try {
+      if (failed) std::rethrow_exception(failed);
+      GHT_CUDA_TRY(end);
+      g.fwd_end = forward_end_node(g.graph);
+      GHT_CUDA_TRY(cudaGraphInstantiate(&g.exec, g.graph, 0));
+    } catch (const std::exception& e) {
+      destroy(g);
+      (void)cudaGetLastError();
+      if (!opts.cuda_graphs_fall_back) throw;
+      graphs_off = e.what();
+      ght::log::warn(std::string("CUDA graphs: capturing a micro-batch failed, so every micro-batch runs eagerly "
+                                 "from now on (the same results): ") + graphs_off);
+      return nullptr;
+    }
+    if (graphs.size() == kMaxGraphs) {
+      destroy(graphs.front());
+      graphs.erase(graphs.begin());
+    }
+    graphs.push_back(g);
+    ++graph_captures;
+    return &graphs.back();
   }
 
   void run_forward(const std::int32_t* tok, const std::int32_t* tgt, int B_, int T_, int slot,
-                   bool with_backward, float loss_scale) {
+                   bool with_backward, float loss_scale, cudaEvent_t forward_end) {
     check_slot(slot);
     has_forward = false;
+    struct ForwardEnd {  // the caller's event for this call only
+      cudaEvent_t& e;
+      ~ForwardEnd() { e = nullptr; }
+    } fwd_end_scope{fwd_end_event};
+    fwd_end_event = forward_end;
     upload_inputs(tok, tgt, B_, T_);
     char* sd = slot_d(slot);
     if (with_backward && graph_usable()) {
@@ -1016,6 +1100,8 @@ int CudaMoEModel::num_units() const { return impl_->cfg.layers + 2; }
 void CudaMoEModel::set_hooks(Hooks hooks) { impl_->hooks = std::move(hooks); }
 void CudaMoEModel::set_hooks_quiet(std::function<bool()> quiet) { impl_->hooks_quiet = std::move(quiet); }
 std::int64_t CudaMoEModel::cuda_graph_launches() const { return impl_->graph_launches; }
+std::int64_t CudaMoEModel::cuda_graph_captures() const { return impl_->graph_captures; }
+const std::string& CudaMoEModel::cuda_graphs_off() const { return impl_->graphs_off; }
 void CudaMoEModel::set_op_hook(std::function<void(const char* op, int layer)> hook) {
   impl_->op_hook = std::move(hook);
 }
@@ -1144,13 +1230,13 @@ Loss CudaMoEModel::forward_backward(const std::int32_t* tokens, const std::int32
 void CudaMoEModel::forward_async(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                                  int slot) {
   GHT_EXPECTS(targets != nullptr, "model forward: targets are required");
-  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, false, 0.0f); });
+  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, false, 0.0f, nullptr); });
 }
 
 void CudaMoEModel::forward_backward_async(const std::int32_t* tokens, const std::int32_t* targets, int B,
-                                          int T, float loss_scale, int slot) {
+                                          int T, float loss_scale, int slot, cudaEvent_t forward_end) {
   GHT_EXPECTS(targets != nullptr, "model forward: targets are required");
-  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, true, loss_scale); });
+  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, true, loss_scale, forward_end); });
 }
 
 Loss CudaMoEModel::collect_loss(int slot) {

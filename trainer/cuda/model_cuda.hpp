@@ -86,12 +86,18 @@ struct CudaModelOptions {
    * CUDA graphs for forward_backward(_async): after the token upload, the whole micro-batch
    * (forward, LM head, backward) is captured once per (B, T, weights, gradients, loss scale,
    * activation buffers) and replayed after that; the first micro-batch of each key runs eagerly
-   * (it sizes the scratch buffers and plans the capture then finds). Used only where it is
-   * safe: no op hook (tracing), no sync_each_op, device-side expert offsets (cutlass, custom),
-   * and hooks either unset or set_hooks_quiet()'s predicate true; otherwise the call runs
-   * eagerly. Off by default: not yet run on a GPU, and the trainer sets no quiet predicate yet.
+   * (it sizes the scratch buffers and plans the capture then finds). The two most recent keys
+   * keep their graphs (the delayed update alternates two weight/gradient pairs). Used only where
+   * it is safe: no op hook (tracing), no sync_each_op, device-side expert offsets (cutlass,
+   * custom), and hooks either unset or set_hooks_quiet()'s predicate true; otherwise the call
+   * runs eagerly. Results are bit-identical either way. `ght train` sets it from
+   * GHT_CUDA_GRAPHS (trainer/cuda/graph_choice.hpp).
    */
   bool cuda_graphs = false;
+  /// A capture that fails (a library call that cannot be captured, say): false throws its
+  /// error; true warns once, turns graphs off for the model's lifetime (cuda_graphs_off()) and
+  /// runs that micro-batch eagerly (nothing of the failed capture ran). GHT_CUDA_GRAPHS=auto.
+  bool cuda_graphs_fall_back = false;
 };
 
 /// Device bytes the model holds, by class.
@@ -198,8 +204,11 @@ class CudaMoEModel {
   /// is read by collect_loss(slot), which waits only for that copy.
   void forward_async(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                      int slot);
+  /// `forward_end` (optional, a timing event of the caller's): recorded on stream() after the
+  /// last layer's forward and the final unit's before_unit_forward hook, before the final norm
+  /// and the LM head, in eager runs and in graph replays alike (there an event record node).
   void forward_backward_async(const std::int32_t* tokens, const std::int32_t* targets, int B,
-                              int T, float loss_scale, int slot);
+                              int T, float loss_scale, int slot, cudaEvent_t forward_end = nullptr);
   [[nodiscard]] Loss collect_loss(int slot);
 
   /**
@@ -214,6 +223,10 @@ class CudaMoEModel {
 
   /// Micro-batches that ran as a CUDA graph launch (captured or replayed) so far.
   [[nodiscard]] std::int64_t cuda_graph_launches() const;
+  /// Graphs captured (and instantiated) so far: one per key, again only after it was evicted.
+  [[nodiscard]] std::int64_t cuda_graph_captures() const;
+  /// Empty, or why graphs are off after a failed capture (CudaModelOptions::cuda_graphs_fall_back).
+  [[nodiscard]] const std::string& cuda_graphs_off() const;
 
   [[nodiscard]] CudaModelMemory memory() const;
   /// One line: the model's device bytes by class and the device's free/total memory.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "tier/plan.hpp"
 #include "tier/topology.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/cuda/graph_choice.hpp"
 #include "trainer/cuda/kernel_breakdown.hpp"
 #include "trainer/cuda/kernel_trace.hpp"
 #include "trainer/cuda/model_cuda.hpp"
@@ -137,6 +139,7 @@ struct StepProfile {
   double spec_host_ms = 0;            // host time spent launching those updates
   bool speculation_undone = false;    // ...and recomputed or restored after it
   bool traced = false;                // its kernels were traced (--trace-kernels): perturbed
+  std::int64_t cuda_graph_launches = 0;  // micro-batches of this step that ran as a graph launch
   std::optional<double> prev_opt_update_ms;
   // ZeRO-1 (CudaRun::measure_comm): the reductions' GPU time, the part of it after the last
   // backward, the previous step's all-gathers' GPU time.
@@ -158,7 +161,8 @@ struct StepProfile {
                                 {"link_gb_d2h", d2h_gb},
                                 {"speculated_params", speculated_params},
                                 {"spec_host_ms", spec_host_ms},
-                                {"speculation_undone", speculation_undone}};
+                                {"speculation_undone", speculation_undone},
+                                {"cuda_graph_launches", cuda_graph_launches}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
     if (dp_reduce_ms) j["dp_reduce_ms"] = *dp_reduce_ms;
     if (dp_reduce_exposed_ms) j["dp_reduce_exposed_ms"] = *dp_reduce_exposed_ms;
@@ -316,6 +320,14 @@ class CudaRun final : public TrainBackend {
   bool speculate_now_ = false;  // this step's last backward launches updates as units finish
   int pending_unit_ = -1;
   double stream_host_ms_ = 0;
+  // CUDA graphs (GHT_CUDA_GRAPHS, graph_choice.hpp): whether this run may replay micro-batches;
+  // whether the hooks have nothing to do in the current one (hooks_busy_reason); whether they
+  // did something in it all the same (checked: a replay would have skipped it).
+  bool graphs_on_ = false;
+  bool quiet_now_ = false;
+  bool hooks_acted_ = false;
+  std::set<std::string> graph_notes_;  // reasons for eager micro-batches, each said once
+  std::int64_t train_micro_batches_ = 0;
   std::unique_ptr<StepEvents> ev_[2];
   StepEvents* cur_ = nullptr;
   StepEvents* prev_ = nullptr;
@@ -437,6 +449,16 @@ void CudaRun::setup() {
                                         : kernels::cuda::CutlassTile::automatic;
   mo.ce_chunk_rows = run_plan.lm_head_rows;  // what the plan counted
   mo.allocator = alloc_;
+  CudaGraphRunFacts graph_facts;
+  graph_facts.expert_offsets_on_host = kernels::cuda::needs_host_offsets(mo.expert_impl);
+  graph_facts.expert_impl = kernels::cuda::to_string(mo.expert_impl);
+  graph_facts.grad_accum = mc.grad_accum;
+  graph_facts.stream_grads = stream_grads_;
+  const CudaGraphsMode graphs_mode = cuda_graphs_mode();
+  const CudaGraphChoice graphs = choose_cuda_graphs(graphs_mode, graph_facts);  // `on` that cannot: throws
+  graphs_on_ = graphs.on;
+  mo.cuda_graphs = graphs.on;
+  mo.cuda_graphs_fall_back = graphs_mode == CudaGraphsMode::automatic;
   model_ = std::make_unique<CudaMoEModel>(mc, mo);
   const int U = model_->num_units();
   delay_ = trainer::delayed_update();  // GHT_OPT_DELAY (the member of that name reports it)
@@ -521,6 +543,7 @@ void CudaRun::setup() {
   state_in_hbm_ = by_path[0] == 0 && by_path[1] == 0;
 
   model_->set_hooks({[this](int u) { before_unit_forward(u); }, [this](int u) { after_unit_backward(u); }});
+  model_->set_hooks_quiet([this] { return training_ && quiet_now_; });
   ev_[0] = std::make_unique<StepEvents>(mc.grad_accum, U);
   ev_[1] = std::make_unique<StepEvents>(mc.grad_accum, U);
   GHT_CUDA_TRY(cudaStreamCreateWithFlags(&timer_stream_, cudaStreamNonBlocking));
@@ -577,6 +600,13 @@ void CudaRun::setup() {
   int rc = 0;
   for (bool b : recompute_) rc += b ? 1 : 0;
   say("activations: " + std::to_string(rc) + " of " + std::to_string(mc.layers) + " layers recomputed");
+  say("CUDA graphs (GHT_CUDA_GRAPHS=" + std::string(to_string(graphs_mode)) + "): " +
+      (graphs.on ? "on: micro-batches 1.." + std::to_string(mc.grad_accum - 1) +
+                       " of each step replay one captured graph of forward, LM head and backward where the "
+                       "step's hooks have nothing to do (bit-identical); micro-batch 0 runs eagerly (it waits for "
+                       "the previous update unit by unit and zeroes the gradients), and so does any other whose "
+                       "hooks act (each reason is noted once)"
+                 : "off: " + graphs.why_off));
   say(mfu_formula_);
 }
 
@@ -669,6 +699,7 @@ void CudaRun::before_unit_forward(int u) {
   if (opt_launched_ && update_in_place_ && (!training_ || micro_ == 0)) {
     // The unit's weights are final once every one of its regions' last chunk is written.
     const bool timed = training_;
+    hooks_acted_ = true;
     if (timed) cur_->wait_before[uu].record(s);
     if (shards_) {
       GHT_CUDA_TRY(cudaStreamWaitEvent(s, zev_->gathered[uu].get(), 0));  // ZeRO-1: every rank's part of it
@@ -688,16 +719,20 @@ void CudaRun::before_unit_forward(int u) {
     // instead of all at once at the start of the step, which would wait for the whole update.
     const auto [a, e] = unit_range_[uu];
     const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
+    hooks_acted_ = true;
     if (tracer_) tracer_->set_op(kOpZeroGrads);
     GHT_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(model_->grads()) + a * gsize, 0, (e - a) * gsize, s));
   }
-  if (training_ && u == model_->num_units() - 1) cur_->fwd_end[static_cast<std::size_t>(micro_)].record(s);
+  // The forward's end (the profile's forward/backward split) is recorded by the model itself,
+  // graph replays included (forward_backward_async's forward_end).
 }
 
 void CudaRun::after_unit_backward(int u) {
   if (!training_) return;
-  if (shards_ && micro_ == cfg_.model.grad_accum - 1) reduce_unit(u);  // its gradients are final
-  if (speculate_now_ && micro_ == cfg_.model.grad_accum - 1) speculate_unit(u);
+  const bool last = micro_ == cfg_.model.grad_accum - 1;
+  if (shards_ && last) reduce_unit(u);  // its gradients are final
+  if (speculate_now_ && last) speculate_unit(u);
+  hooks_acted_ = hooks_acted_ || (last && (shards_ || speculate_now_)) || stream_grads_;
   if (!stream_grads_) return;
   unit_done_[static_cast<std::size_t>(u)].record(model_->stream());
   // One unit behind: the accumulator blocks the host until the unit's gradients are added, so
@@ -1016,17 +1051,33 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     aux += l.aux / A;
   };
   // This rank's A of the step's N·A micro-batches (N = 1: all of them).
+  const std::int64_t launches_before = model_->cuda_graph_launches();
   for_each_rank_batch(data, A, s_.comm->rank(), s_.comm->size(), b, [&](int m, const Batch& mb) {
     micro_ = m;
     if (micro_ >= kSlots) add_loss(micro_ - kSlots);
-    cur_->fwd_start[static_cast<std::size_t>(micro_)].record(s);
+    // Quiet hooks let the model replay this micro-batch as a CUDA graph (which calls no hook).
+    const char* busy = hooks_busy_reason({micro_, A, stream_grads_, shards_ != nullptr, speculate_now_, tracer_ != nullptr});
+    quiet_now_ = busy == nullptr;
+    if (graphs_on_ && busy != nullptr && micro_ > 0 && graph_notes_.insert(busy).second) {
+      say("CUDA graphs: micro-batch " + std::to_string(micro_) + " of step " + std::to_string(step + 1) +
+          " runs eagerly: " + busy + " (said once)");
+    }
+    hooks_acted_ = false;
+    const auto mm = static_cast<std::size_t>(micro_);
+    cur_->fwd_start[mm].record(s);
     pending_unit_ = -1;
     model_->forward_backward_async(mb.inputs.data(), mb.targets.data(), B, T, 1.0f / static_cast<float>(A),
-                                   micro_ % kSlots);
+                                   micro_ % kSlots, cur_->fwd_end[mm].get());
+    // An eager run of a quiet micro-batch (a graph's first, or graphs off) called the hooks.
+    GHT_EXPECTS(!(quiet_now_ && hooks_acted_),
+                "train (cuda): the step's hooks acted in micro-batch " + std::to_string(micro_) +
+                    ", which hooks_busy_reason called quiet: a CUDA graph replay would have skipped them");
     if (stream_grads_ && pending_unit_ >= 0) stream_unit(pending_unit_);
     pending_unit_ = -1;
-    cur_->bwd_end[static_cast<std::size_t>(micro_)].record(s);
+    cur_->bwd_end[mm].record(s);
+    ++train_micro_batches_;
   });
+  quiet_now_ = false;
   micro_ = 0;
   training_ = false;
   reduce_gradients();  // data parallel: every rank's gradient becomes the mean over all N·A
@@ -1064,6 +1115,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
   StepProfile p = measure_step(dt, sr, opt_host_ms);
+  p.cuda_graph_launches = model_->cuda_graph_launches() - launches_before;
   if (tracer_) {
     p.traced = true;
     end_trace(p.step);
@@ -1217,6 +1269,7 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
                        fmt("%.1f", p.opt_stall_ms) + ", gap " + fmt("%.1f", p.step_gap_ms) + ")";
     if (p.prev_opt_update_ms) line += " | opt update " + fmt("%.1f", *p.prev_opt_update_ms) + " ms";
     if (stream_grads_) line += " | grad stream host " + fmt("%.1f", p.grad_stream_host_ms) + " ms";
+    if (graphs_on_) line += " | graphs " + std::to_string(p.cuda_graph_launches) + "/" + std::to_string(cfg_.model.grad_accum);
     if (p.speculated_params > 0) {
       line += " | speculated " + fmt("%.1f", static_cast<double>(p.speculated_params) / 1e6) + "M params" +
               (p.speculation_undone ? " (undone)" : "") + ", launch " + fmt("%.1f", p.spec_host_ms) + " ms";
@@ -1235,7 +1288,8 @@ void CudaRun::write_profile() {
   j["flops_per_token"] = mc.flops_per_token();
   j["tokens_per_step"] = mc.tokens_per_step();
   j["definitions"] = {
-      {"forward_ms", "compute stream, embedding through the last layer, minus opt_stall_ms"},
+      {"forward_ms", "compute stream, embedding through the last layer, minus opt_stall_ms (in a CUDA graph "
+                     "replay too: the forward-end event is an event record node of the graph)"},
       {"backward_ms", "compute stream, final norm + fused LM head/CE (forward and backward) + every layer's backward"},
       {"opt_stall_ms", "compute stream waiting in this step's forward for the previous update's per-unit events"},
       {"step_gap_ms", "compute stream idle between the previous step's last backward and this step's first forward "
@@ -1246,6 +1300,8 @@ void CudaRun::write_profile() {
       {"speculated_params", "parameters updated during the last backward, before the grad norm (GHT_OPT_SPECULATE)"},
       {"spec_host_ms", "host time spent launching the speculative updates (the backward waits for it)"},
       {"speculation_undone", "the step clipped or was skipped, so those updates were recomputed or restored"},
+      {"cuda_graph_launches", "micro-batches of the step replayed as one captured CUDA graph (GHT_CUDA_GRAPHS); "
+                              "the others ran eagerly"},
       {"link_gb", "bytes the optimizer (and the gradient stream) move over the link per step, from each region's path"},
       {"traced", "the step whose kernels were traced (--trace-kernels, kernel_breakdown.json): it starts after the "
                  "previous update and waits for its own, and CUPTI slows it, so the medians leave it out"}};
@@ -1308,6 +1364,12 @@ std::string CudaRun::stats_report() const {
 
 void CudaRun::finish(bool ok) {
   write_profile();  // a run that ended (or was stopped, or failed) before N steps
+  if (graphs_on_ && model_) {
+    const std::string& off = model_->cuda_graphs_off();
+    say("CUDA graphs: " + std::to_string(model_->cuda_graph_launches()) + " of " + std::to_string(train_micro_batches_) +
+        " training micro-batches ran as graph launches (" + std::to_string(model_->cuda_graph_captures()) +
+        " captures)" + (off.empty() ? "" : "; off since a capture failed: " + off));
+  }
   if (ok && !profile_.empty()) {
     say("profile (" + std::to_string(profile_.size()) + " steps): " + (fs::path(cfg_.out) / "profile.json").string());
   }
