@@ -353,9 +353,16 @@ TEST(CudaExpertGemm, CutlassCapturesIntoCudaGraph) {
   o.groups = E, o.device = d_off.get(), o.max_rows = R;
   g.c = d_graph.get();
   ASSERT_TRUE(kc::cutlass_covers(g));
+  // The offsets go up on the GEMM's own (non-blocking) stream: a synchronous cudaMemcpy from
+  // pageable memory may return before its DMA lands, and that stream would not wait for it.
+  auto set_offsets = [&](const std::vector<std::int32_t>& counts) {
+    const std::vector<std::int32_t> off = offsets_of(counts);
+    GHT_CUDA_TRY(cudaMemcpyAsync(d_off.get(), off.data(), (E + 1) * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                 stream.get()));
+    stream.sync();
+  };
   auto direct = [&](const std::vector<std::int32_t>& counts) {
-    GHT_CUDA_TRY(cudaMemcpy(d_off.get(), offsets_of(counts).data(), (E + 1) * sizeof(std::int32_t),
-                            cudaMemcpyHostToDevice));
+    set_offsets(counts);
     g.c = d_direct.get();
     kc::grouped_gemm(g, o, kc::GroupedGemmImpl::cutlass, stream.get());
     stream.sync();
@@ -371,8 +378,7 @@ TEST(CudaExpertGemm, CutlassCapturesIntoCudaGraph) {
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (const auto* counts : {&counts_a, &counts_b}) {
     const auto want = counts == &counts_a ? want_a : direct(*counts);
-    GHT_CUDA_TRY(cudaMemcpy(d_off.get(), offsets_of(*counts).data(), (E + 1) * sizeof(std::int32_t),
-                            cudaMemcpyHostToDevice));
+    set_offsets(*counts);
     ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
     stream.sync();
     EXPECT_EQ(download_f32(d_graph), want);  // same kernel, same inputs: bit-identical

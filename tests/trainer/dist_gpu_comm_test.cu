@@ -41,7 +41,12 @@ template <class T>
 struct DeviceBuf {
   explicit DeviceBuf(std::size_t n) : n(n) { GHT_CUDA_TRY(cudaMalloc(&p, n * sizeof(T))); }
   ~DeviceBuf() { (void)cudaFree(p); }
-  void put(const std::vector<T>& h) { GHT_CUDA_TRY(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
+  // A cudaMemcpy from pageable memory may return before its DMA lands, and the collectives run
+  // on non-blocking streams that do not wait for the legacy stream: wait for it here.
+  void put(const std::vector<T>& h) {
+    GHT_CUDA_TRY(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));
+  }
   std::vector<T> get() const {
     std::vector<T> h(n);
     GHT_CUDA_TRY(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));

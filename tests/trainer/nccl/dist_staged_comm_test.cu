@@ -120,6 +120,7 @@ TEST(StagedComm, TorchrunStyleSetUpOfOneRank) {
   float* d = nullptr;
   GHT_CUDA_TRY(cudaMalloc(&d, in.size() * sizeof(float)));
   GHT_CUDA_TRY(cudaMemcpy(d, in.data(), in.size() * sizeof(float), cudaMemcpyHostToDevice));
+  GHT_CUDA_TRY(cudaStreamSynchronize(nullptr));  // pageable: the DMA may land after the return
   cudaStream_t s = nullptr;
   GHT_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   gpu->allreduce(d, in.size(), GpuType::f32, GpuReduce::sum, s);
