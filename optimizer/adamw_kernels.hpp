@@ -140,6 +140,12 @@ GHT_HD std::uint8_t q8_code_v(const Q8Tables& t, float q) {
   return static_cast<std::uint8_t>(q8_search(t.v_mid, 128, q));
 }
 
+/// The host kernels' search (adamw_cpu.cpp): the code q8_code_m / q8_code_v give for every fp32
+/// q (NaN included), found from q's top 16 bits through a 65,536-entry table per map and a step or
+/// two along the midpoints, instead of the binary search the GPU runs.
+[[nodiscard]] std::uint8_t q8_code_m_host(float q) noexcept;
+[[nodiscard]] std::uint8_t q8_code_v_host(float q) noexcept;
+
 /**
  * @brief Quantize n fp32 values (one moment of a region, from element 0) into q8 block records:
  * per block the scale is the absmax, every code the nearest map entry (Q8Tables); the codes

@@ -3,7 +3,8 @@
 //
 // Bytes per parameter the rooflines charge:
 //   adamw_cpu       read grad 2 (bf16) + read master, m, v 12 + write master, m, v 12 + write w 2
-//                   = 28 (tier::adamw_bytes_per_param(2))
+//                   = 28 (tier::adamw_bytes_per_param(2)); with bf16 m and v 20, with q8 16.06
+//                   (optimizer::state_bytes_per_param)
 //   accumulate bf16 read dst 4 + read src 2 + write dst 4 = 10
 //   accumulate fp32 read dst 4 + read src 4 + write dst 4 = 12
 // Triad (tier/host_triad.hpp) counts its 3 streams like STREAM and uses non-temporal stores on
@@ -21,6 +22,7 @@ namespace ght::bench {
 namespace {
 using optimizer::bf16;
 using optimizer::GradType;
+using optimizer::StateType;
 
 constexpr std::size_t kTriadBytes = 1ull << 30;  // 3 × 1 GiB: far beyond any last-level cache
 
@@ -46,27 +48,32 @@ void run_cpu(const Args& args, Report& report) {
   const std::string tb = "triad " + fmt(triad_bps / 1e9, 1) + " GB/s";
 
   for (const std::uint64_t n : args.sizes) {
-    {
-      HostArray<float> p(n), m(n), v(n);
+    // One row per state type (GHT_OPT_STATE): the same kernel on fp32, bf16 and q8 m and v.
+    for (const StateType st : {StateType::fp32, StateType::bf16, StateType::q8}) {
+      HostArray<float> p(n);
+      HostArray<unsigned char> m(optimizer::state_bytes(st, n)), v(optimizer::state_bytes(st, n));
       HostArray<std::uint16_t> g(n), w(n);
       optimizer::parallel_pinned(threads, [&](int tid, int nt) {
         const optimizer::Range r = optimizer::thread_range(n, tid, nt);
         for (std::size_t i = r.begin; i < r.end; ++i) {
           p.data()[i] = 0.01f * static_cast<float>(static_cast<int>(i % 2001) - 1000);
-          m.data()[i] = 0.0f;
-          v.data()[i] = 0.0f;
           g.data()[i] = optimizer::float_to_bf16_bits(1e-3f * static_cast<float>(i % 97) - 0.05f);
         }
+        // Zero bytes are m = v = 0 in fp32 and bf16, and a zero scale in q8: a first step.
+        const optimizer::Range b = optimizer::thread_range(optimizer::state_bytes(st, n), tid, nt);
+        std::fill(m.data() + b.begin, m.data() + b.end, 0);
+        std::fill(v.data() + b.begin, v.data() + b.end, 0);
       });
       const optimizer::StepScalars k =
           optimizer::make_step_scalars(optimizer::AdamWHyper{}, 1e-4, 1, true, 1.0);
-      const optimizer::AdamWSpan span{p.data(), m.data(), v.data(), g.data(), GradType::bf16,
-                                      reinterpret_cast<bf16*>(w.data()), n};
+      optimizer::AdamWSpan span{p.data(), m.data(), v.data(), g.data(), GradType::bf16,
+                                reinterpret_cast<bf16*>(w.data()), n};
+      span.state = st;
       Row r;
-      r.path = "cpu adamw_cpu (bf16 grad)";
-      r.torch_key = "torch_foreach_cpu";
+      r.path = std::string("cpu adamw_cpu (bf16 grad, ") + optimizer::to_string(st) + " m, v)";
+      r.torch_key = st == StateType::fp32 ? "torch_foreach_cpu" : "";
       r.params = n;
-      r.bytes_per_param = tier::adamw_bytes_per_param(2);
+      r.bytes_per_param = tier::adamw_bytes_per_param(2, optimizer::state_bytes_per_param(st));
       r.seconds = time_runs(args.runs, [&] { optimizer::adamw_cpu(span, k, threads); });
       r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
       r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -433,6 +435,34 @@ TEST(Q8StateAdamW, ParseAcceptsQ8) {
   EXPECT_EQ(parse_state_type("Q8"), StateType::q8);
   EXPECT_STREQ(to_string(StateType::q8), "q8");
   EXPECT_EQ(state_granule(StateType::q8), kQ8Block);
+}
+
+// The host's indexed search gives the binary search's code (the GPU's) for every value class:
+// both ends and the middle of every bf16 bucket, both neighbours of every midpoint, the specials.
+TEST(Q8Maps, TheHostSearchIsTheBinarySearchForEveryInput) {
+  const Q8Tables& t = q8_tables();
+  std::vector<float> qs;
+  for (std::uint32_t b = 0; b < (1u << 16); ++b) {
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0xFFFEu, 0xFFFFu}) {
+      qs.push_back(std::bit_cast<float>((b << 16) | low));
+    }
+  }
+  for (const float* mids : {t.m_mid, t.v_mid}) {
+    for (int i = 0; i < (mids == t.m_mid ? 127 : 255); ++i) {
+      const float x = mids[i];
+      qs.insert(qs.end(), {x, std::nextafter(x, 0.0f), std::nextafter(x, 2.0f), -x});
+    }
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  qs.insert(qs.end(), {0.0f, -0.0f, 1.0f, std::nextafter(1.0f, 2.0f), inf, -inf,
+                       std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()});
+  std::size_t checked = 0;
+  for (const float q : qs) {
+    ASSERT_EQ(q8_code_m_host(q), q8_code_m(t, q)) << "m, q = " << q << " (bits " << std::bit_cast<std::uint32_t>(q) << ")";
+    ASSERT_EQ(q8_code_v_host(q), q8_code_v(t, q)) << "v, q = " << q << " (bits " << std::bit_cast<std::uint32_t>(q) << ")";
+    ++checked;
+  }
+  EXPECT_GT(checked, 6u << 16);
 }
 
 }  // namespace
