@@ -276,19 +276,9 @@ TEST(Bf16StateAdamW, CpuPathIsTheKernelWithTheRegionsKeyAndStep) {
   opt.load_state(0, ref.p.data(), nullptr, nullptr);
   std::fill(ref.m.begin(), ref.m.end(), std::uint16_t{0});
   std::fill(ref.v.begin(), ref.v.end(), std::uint16_t{0});
-  std::mt19937 rng(4);
-  std::normal_distribution<float> nd;
-  for (int s = 1; s <= 3; ++s) {
-    for (auto& x : g) x = float_to_bf16_bits(nd(rng) * (s == 2 ? 10.0f : 1e-3f));  // step 2 clips
-    std::memcpy(ref.g.data(), g.data(), 2 * n);
-    const StepResult res = opt.step(1e-3);
-    ASSERT_TRUE(res.taken);
-    if (s == 2) {
-      EXPECT_LT(res.clip_coef, 1.0);
-    }
-    adamw_cpu(span_of(ref, nullptr, round_key("layer2.attn"), 0),
-              make_step_scalars(opt.hyper(), 1e-3, s, true, res.clip_coef), 1);
-  }
+  test::three_steps_second_clipped(opt, g, ref.g.data(), [&](const StepScalars& k) {
+    adamw_cpu(span_of(ref, nullptr, round_key("layer2.attn"), 0), k, 1);
+  });
   std::vector<float> p(n), m(n), v(n);
   opt.save_state(0, p.data(), m.data(), v.data());
   EXPECT_EQ(p, ref.p);

@@ -385,15 +385,8 @@ TEST(Q8StateAdamW, CpuPathIsTheKernelOnTheWholeRegion) {
   opt.load_state(0, ref.p.data(), nullptr, nullptr);
   std::fill(ref.m.begin(), ref.m.end(), std::uint8_t{0});
   std::fill(ref.v.begin(), ref.v.end(), std::uint8_t{0});
-  std::mt19937 rng(4);
-  std::normal_distribution<float> nd;
-  for (int s = 1; s <= 3; ++s) {
-    for (auto& x : g) x = float_to_bf16_bits(nd(rng) * (s == 2 ? 10.0f : 1e-3f));  // step 2 clips
-    std::memcpy(ref.g.data(), g.data(), 2 * n);
-    const StepResult res = opt.step(1e-3);
-    ASSERT_TRUE(res.taken);
-    adamw_cpu(test::q8_span(ref, nullptr), make_step_scalars(opt.hyper(), 1e-3, s, true, res.clip_coef), 1);
-  }
+  test::three_steps_second_clipped(opt, g, ref.g.data(),
+                                   [&](const StepScalars& k) { adamw_cpu(test::q8_span(ref, nullptr), k, 1); });
   EXPECT_EQ(0, std::memcmp(opt.state(0, TensorClass::adam_m).host, ref.m.data(), ref.m.size()));
   EXPECT_EQ(0, std::memcmp(opt.state(0, TensorClass::adam_v).host, ref.v.data(), ref.v.size()));
   EXPECT_EQ(0, std::memcmp(opt.state(0, TensorClass::master).host, ref.p.data(), 4 * n));

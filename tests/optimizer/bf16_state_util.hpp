@@ -17,6 +17,25 @@
 
 namespace ght::optimizer::test {
 
+/// Three steps of `opt` on random bf16 gradients `g` (step 2 large enough to clip), each copied
+/// to `ref_g` first; after each step `on_step` gets the scalars the step used, so that a test can
+/// run the kernel on its reference span with the same ones.
+template <class OnStep>
+void three_steps_second_clipped(AdamW& opt, std::vector<std::uint16_t>& g, void* ref_g, OnStep on_step) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  for (int s = 1; s <= 3; ++s) {
+    for (auto& x : g) x = float_to_bf16_bits(nd(rng) * (s == 2 ? 10.0f : 1e-3f));
+    std::memcpy(ref_g, g.data(), 2 * g.size());
+    const StepResult res = opt.step(1e-3);
+    ASSERT_TRUE(res.taken);
+    if (s == 2) {
+      EXPECT_LT(res.clip_coef, 1.0);
+    }
+    on_step(make_step_scalars(opt.hyper(), 1e-3, s, true, res.clip_coef));
+  }
+}
+
 /// Inputs of one span: fp32 master, bf16 m and v, gradients of either type (as raw bytes).
 struct Bf16StateInputs {
   std::vector<float> p;
