@@ -188,22 +188,43 @@ inline void store_moments(std::uint16_t* m, std::uint16_t* v, std::size_t i, flo
 // (bf16 of p extrapolated by k.extrapolate of this update; the same fp32 operations as the GPU).
 enum class W { none, plain, predict };
 
+// f.template operator()<mode>() for the span's weight mode.
+template <class F>
+void with_weight_mode(const AdamWSpan& s, const StepScalars& k, F&& f) {
+  if (!s.weight) f.template operator()<W::none>();
+  else if (k.extrapolate != 0) f.template operator()<W::predict>();
+  else f.template operator()<W::plain>();
+}
+
+// One element of the update, from its gradient g (unscaled) and old m, v and master: the new
+// m, v and master, in the operation order of adamw_kernels.hpp (every path, every state type).
+struct ElementUpdate {
+  float m, v, p;
+};
+inline ElementUpdate adamw_element(float g, float m, float v, float before, const StepScalars& k) {
+  const float gi = g * k.grad_scale;
+  const float mi = k.beta1 * m + k.one_minus_beta1 * gi;
+  const float vi = k.beta2 * v + k.one_minus_beta2 * (gi * gi);
+  const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
+  return {mi, vi, before * k.decay - k.step_size * (mi / denom)};
+}
+template <W kWeight>
+inline void store_weight(std::uint16_t* w, std::size_t i, float p, float before, const StepScalars& k) {
+  if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
+  if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
+}
+
 template <typename G, typename S, W kWeight>
 void adamw_range(float* __restrict master, S* __restrict m, S* __restrict v,
                  const G* __restrict g, std::uint16_t* __restrict w, std::size_t n,
                  const StepScalars k, std::uint64_t stream, std::uint64_t first) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) {
-    const float gi = load_grad(g, i) * k.grad_scale;
-    const float mi = k.beta1 * load_state(m, i) + k.one_minus_beta1 * gi;
-    const float vi = k.beta2 * load_state(v, i) + k.one_minus_beta2 * (gi * gi);
-    const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
     const float before = master[i];
-    const float p = before * k.decay - k.step_size * (mi / denom);
-    store_moments(m, v, i, mi, vi, stream, first);
-    master[i] = p;
-    if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
-    if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
+    const ElementUpdate u = adamw_element(load_grad(g, i), load_state(m, i), load_state(v, i), before, k);
+    store_moments(m, v, i, u.m, u.v, stream, first);
+    master[i] = u.p;
+    store_weight<kWeight>(w, i, u.p, before, k);
   }
 }
 
@@ -225,9 +246,7 @@ void adamw_team(const AdamWSpan& s, const StepScalars& k, int threads) {
 
 template <typename G, typename S>
 void adamw_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
-  if (!s.weight) adamw_team<G, S, W::none>(s, k, threads);
-  else if (k.extrapolate != 0) adamw_team<G, S, W::predict>(s, k, threads);
-  else adamw_team<G, S, W::plain>(s, k, threads);
+  with_weight_mode(s, k, [&]<W kWeight>() { adamw_team<G, S, kWeight>(s, k, threads); });
 }
 
 // Below this many elements a parallel region costs more than it saves.
@@ -279,17 +298,12 @@ void adamw_q8_block(float* __restrict master, std::uint8_t* __restrict mrec, std
   float mo[kQ8Block], vo[kQ8Block];
 #pragma omp simd
   for (std::size_t i = 0; i < len; ++i) {
-    const float gi = load_grad(g, i) * k.grad_scale;
-    const float mi = k.beta1 * (t.m[mrec[i]] * sm) + k.one_minus_beta1 * gi;
-    const float vi = k.beta2 * (t.v[vrec[i]] * sv) + k.one_minus_beta2 * (gi * gi);
-    const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
     const float before = master[i];
-    const float p = before * k.decay - k.step_size * (mi / denom);
-    master[i] = p;
-    mo[i] = mi;
-    vo[i] = vi;
-    if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
-    if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
+    const ElementUpdate u = adamw_element(load_grad(g, i), t.m[mrec[i]] * sm, t.v[vrec[i]] * sv, before, k);
+    master[i] = u.p;
+    mo[i] = u.m;
+    vo[i] = u.v;
+    store_weight<kWeight>(w, i, u.p, before, k);
   }
   q8_store_block(mo, len, mrec, false, t);
   q8_store_block(vo, len, vrec, true, t);
@@ -315,9 +329,7 @@ void adamw_q8_team(const AdamWSpan& s, const StepScalars& k, int threads) {
 
 template <typename G>
 void adamw_q8_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
-  if (!s.weight) adamw_q8_team<G, W::none>(s, k, threads);
-  else if (k.extrapolate != 0) adamw_q8_team<G, W::predict>(s, k, threads);
-  else adamw_q8_team<G, W::plain>(s, k, threads);
+  with_weight_mode(s, k, [&]<W kWeight>() { adamw_q8_team<G, kWeight>(s, k, threads); });
 }
 
 }  // namespace
