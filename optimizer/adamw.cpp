@@ -122,7 +122,7 @@ std::size_t round_down(std::size_t x, std::size_t m) { return std::max(m, x / m 
 // Parameters per dma slot: one chunk, no larger than the largest region (small models, small
 // slots), a multiple of 64 and of the q8 block (kDmaChunk is both).
 std::size_t dma_chunk_params(std::size_t largest_region, StateType st) {
-  const std::size_t g = std::max<std::size_t>(64, state_granule(st));
+  const std::size_t g = detail::chunk_granule(st);
   return std::min(kDmaChunk, (largest_region + g - 1) / g * g);
 }
 // Bytes of one dma slot for chunks of `chunk` parameters: fp32 master, m and v.

@@ -24,6 +24,11 @@ namespace ght::optimizer::detail {
 // being filled, one updated, one drained).
 inline constexpr std::size_t kDmaChunk = std::size_t{1} << 22;
 inline constexpr int kDmaSlots = 3;
+/// Elements every chunk of a region is a multiple of: 64 (16-byte aligned vectors of fp32 and
+/// bf16), and whole q8 blocks.
+[[nodiscard]] constexpr std::size_t chunk_granule(StateType st) noexcept {
+  return state_granule(st) > 64 ? state_granule(st) : 64;
+}
 
 /// A CUDA event that several jobs wait on; it lives until the last of them is done (null
 /// without a GPU).
@@ -201,9 +206,8 @@ struct AdamW::Impl {
   /// `first` (a multiple of granule()): every state size and address derives from these.
   std::size_t bytes(int i, std::size_t n) const;
   std::size_t offset(int i, std::size_t first) const;
-  /// Elements every chunk is a multiple of: 64 (16-byte aligned vectors of fp32 and bf16), and
-  /// whole q8 blocks.
-  std::size_t granule() const { return std::max<std::size_t>(64, state_granule(state_type)); }
+  /// Elements every chunk is a multiple of (detail::chunk_granule).
+  std::size_t granule() const { return detail::chunk_granule(state_type); }
   std::size_t count_of(const RegionState& rs, std::size_t c) const {
     return std::min(rs.chunk, rs.desc.n - c * rs.chunk);
   }
