@@ -46,6 +46,14 @@ void run_cpu(const Args& args, Report& report) {
                                 {"huge_page_fraction", tr.huge_page_fraction},
                                 {"cpus", optimizer::pinned_cpu_list()}};
   const std::string tb = "triad " + fmt(triad_bps / 1e9, 1) + " GB/s";
+  // A measured row against the triad roofline: into the report, and one line on stdout.
+  auto add_row = [&](Row& r) {
+    r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
+    r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
+    report.rows.push_back(r);
+    std::cout << r.path << " " << human_params(r.params) << ": " << fmt(r.gparams()) << " Gparam/s ("
+              << fmt(100 * r.fraction(), 1) << "% of triad)\n";
+  };
 
   for (const std::uint64_t n : args.sizes) {
     // One row per state type (GHT_OPT_STATE): the same kernel on fp32, bf16 and q8 m and v.
@@ -75,11 +83,7 @@ void run_cpu(const Args& args, Report& report) {
       r.params = n;
       r.bytes_per_param = tier::adamw_bytes_per_param(2, optimizer::state_bytes_per_param(st));
       r.seconds = time_runs(args.runs, [&] { optimizer::adamw_cpu(span, k, threads); });
-      r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
-      r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
-      report.rows.push_back(r);
-      std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
-                << fmt(100 * r.fraction(), 1) << "% of triad)\n";
+      add_row(r);
     }
     for (const GradType t : {GradType::bf16, GradType::fp32}) {
       const AccumulateCase acc(n, t, threads);
@@ -89,11 +93,7 @@ void run_cpu(const Args& args, Report& report) {
       r.bytes_per_param = acc.bytes_per_elem();
       r.seconds = time_runs(args.runs, [&] { acc.run(); });
       acc.check(args.runs + 1);  // the warm-up pass added too
-      r.roof_gparams = triad_bps / r.bytes_per_param / 1e9;
-      r.roof_basis = tb + " / " + fmt(r.bytes_per_param, 0) + " B";
-      report.rows.push_back(r);
-      std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
-                << fmt(100 * r.fraction(), 1) << "% of triad)\n";
+      add_row(r);
     }
   }
 }
