@@ -730,10 +730,16 @@ void CudaRun::before_unit_forward(int u) {
 void CudaRun::after_unit_backward(int u) {
   if (!training_) return;
   const bool last = micro_ == cfg_.model.grad_accum - 1;
-  if (shards_ && last) reduce_unit(u);  // its gradients are final
-  if (speculate_now_ && last) speculate_unit(u);
-  hooks_acted_ = hooks_acted_ || (last && (shards_ || speculate_now_)) || stream_grads_;
+  if (shards_ && last) {
+    reduce_unit(u);  // its gradients are final
+    hooks_acted_ = true;
+  }
+  if (speculate_now_ && last) {
+    speculate_unit(u);
+    hooks_acted_ = true;
+  }
   if (!stream_grads_) return;
+  hooks_acted_ = true;
   unit_done_[static_cast<std::size_t>(u)].record(model_->stream());
   // One unit behind: the accumulator blocks the host until the unit's gradients are added, so
   // the next unit's backward must already be queued to keep the GPU busy meanwhile.
