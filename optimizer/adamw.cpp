@@ -413,6 +413,39 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
 #endif
 }
 
+void AdamW::Impl::update_gpu_batched(AdamW& self) {
+#ifdef GHT_HAVE_CUDA
+  if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
+  AdamWBatch batch(link, batch_spans);
+  std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
+  auto launch = [&] {
+    batch.flush();
+    for (CUevent_st* e : pending) record(e, link);
+    pending.clear();
+  };
+  for (std::size_t r = 0; r < regions.size(); ++r) {
+    RegionState& rs = regions[r];
+    if (rs.updated) continue;
+    if (rs.path == Path::cpu || rs.dma || rs.done_ahead) {
+      launch();
+      self.update_region(r);
+      continue;
+    }
+    rs.updated = true;
+    const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
+    for (std::size_t c = 0; c < rs.chunks; ++c) {
+      const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
+      if (!batch.fits(s, k, kernel_sms(rs))) launch();
+      batch.add(s, k, kernel_sms(rs));
+      pending.push_back(rs.events[c]);
+    }
+  }
+  launch();
+#else
+  (void)self;
+#endif
+}
+
 // dma mode: per chunk, state goes host -> slot on `up`, the kernel updates the slot on `link`,
 // state goes slot -> host on `down`; slots rotate so the three stages overlap, and the two
 // copy directions run on separate copy engines at the same time.
@@ -810,6 +843,7 @@ AdamW::AdamW(std::vector<Region> regions, AdamWOptions opts,
     bool any_link = false;
     for (const Impl::RegionState& rs : I.regions) any_link = any_link || rs.path == Path::gpu_link;
     I.link_sms = sms;
+    I.batch_spans = opts.batch_spans > 0 ? opts.batch_spans : static_cast<int>(reg.get_int(config::Key::GHT_OPT_BATCH));
     if (asked > 0) {
       I.link_sms = std::min(asked, sms);
     } else if (any_link) {
@@ -1141,6 +1175,7 @@ void AdamW::update_all() {
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
     if (I.regions[r].path == Path::cpu && !I.regions[r].updated) update_region(r);
   }
+  I.update_gpu_batched(*this);
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
     if (!I.regions[r].updated) update_region(r);
   }

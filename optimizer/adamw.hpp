@@ -53,7 +53,8 @@
  * GPU work is launched per chunk (GHT_OPT_CHUNK bytes of fp32 master per chunk; at most 4Mi
  * parameters per chunk in dma mode, so the copy pipeline fills quickly) and an event is
  * recorded after each chunk, so consumers (the next forward) can wait for just the layers they
- * need. Its streams have the device's lowest priority, and the gpu_link kernel occupies at most
+ * need. update_all launches the chunks of in-place regions (device, gpu_link zero-copy) up to
+ * GHT_OPT_BATCH at a time in one kernel (AdamWBatch) and records their events after it. Its streams have the device's lowest priority, and the gpu_link kernel occupies at most
  * link_kernel_sms() SMs (GHT_OPT_KERNEL_SMS; derived from the link and HBM rates), so that a
  * link-bound update leaves the rest of the GPU to compute.
  *
@@ -149,6 +150,9 @@ struct AdamWOptions {
   /// SMs the gpu_link kernel may occupy (> 0); unset or 0: GHT_OPT_KERNEL_SMS, whose 0 derives it
   /// from the link and HBM rates (link_kernel_sms in adamw_kernels.hpp).
   int kernel_sms = 0;
+  /// Chunks of in-place GPU regions (device, gpu_link zero-copy) that update_all launches
+  /// together, in [1, kAdamWBatchSpans]; 0: GHT_OPT_BATCH. 1: one launch per chunk.
+  int batch_spans = 0;
   /// Where cpu regions are updated. Unset: on the cpu worker when their gradients or weights are
   /// in HBM (there is GPU work to overlap), on the calling thread when both are in host memory
   /// (update_region then returns with the update done, as a host-only caller expects). true:

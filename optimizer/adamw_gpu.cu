@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
 #include <type_traits>
 
 #include "optimizer/adamw_kernels.hpp"
@@ -126,36 +129,62 @@ __device__ __forceinline__ unsigned weight_bits(float p, float before, const Ste
   return bf16_bits(p);
 }
 
+// The vector part of up to kAdamWBatchSpans spans, one launch (AdamWBatch). Vector i of the
+// batch belongs to the span s with end8[s-1] <= i < end8[s]; each thread walks its grid-stride
+// indices upward, so it only ever moves forward through the spans. The batch travels as a
+// __grid_constant__ kernel argument (no copy to device memory, nothing to keep alive).
+struct VecSpan {
+  float* master;
+  void* m;
+  void* v;
+  const void* grad;
+  std::uint16_t* weight;
+  std::uint64_t stream;  // round_stream(key, step)
+  std::uint64_t first;   // index of the span's element 0 within its region
+  std::size_t begin8;    // the span's first vector within the batch
+  int k;                 // which of the batch's StepScalars
+};
+struct VecBatch {
+  VecSpan span[kAdamWBatchSpans];
+  std::size_t end8[kAdamWBatchSpans];  // cumulative vector counts
+  StepScalars k[2];
+};
+
 template <typename G, typename S, bool kWeight>
 __global__ void __launch_bounds__(kThreads)
-    adamw_vec8_kernel(float* __restrict__ master, S* __restrict__ m, S* __restrict__ v,
-                      const G* __restrict__ grad, std::uint16_t* __restrict__ weight,
-                      std::size_t n8, StepScalars k, std::uint64_t stream, std::uint64_t first) {
+    adamw_vec8_kernel(const __grid_constant__ VecBatch b, std::size_t total8) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n8;
+  int si = 0;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total8;
        i += stride) {
-    const std::size_t e = i * 8;
+    while (i >= b.end8[si]) ++si;
+    const VecSpan& a = b.span[si];
+    const StepScalars& k = b.k[a.k];
+    const std::size_t e = (i - a.begin8) * 8;
+    float* master = a.master + e;
+    S* m = static_cast<S*>(a.m) + e;
+    S* v = static_cast<S*>(a.v) + e;
     float p[8], mm[8], vv[8], g[8];
     // All loads first, so each thread has 6-8 independent 16-byte link reads outstanding.
-    load8(master + e, p);
-    load8_state(m + e, mm);
-    load8_state(v + e, vv);
-    load8_grad(grad + e, g);
+    load8(master, p);
+    load8_state(m, mm);
+    load8_state(v, vv);
+    load8_grad(static_cast<const G*>(a.grad) + e, g);
     float before[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       before[j] = p[j];
       adam_elem<S>(p[j], mm[j], vv[j], g[j], k);
     }
-    store8(master + e, p);
-    store8_moments(m + e, v + e, mm, vv, stream, first + e);
+    store8(master, p);
+    store8_moments(m, v, mm, vv, a.stream, a.first + e);
     if constexpr (kWeight) {
       unsigned o[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         o[j] = weight_bits(p[2 * j], before[2 * j], k) | (weight_bits(p[2 * j + 1], before[2 * j + 1], k) << 16);
       }
-      *reinterpret_cast<uint4*>(weight + e) = make_uint4(o[0], o[1], o[2], o[3]);
+      *reinterpret_cast<uint4*>(a.weight + e) = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }
 }
@@ -342,61 +371,66 @@ unsigned grid_for(std::size_t items, int max_sms) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
-template <typename G, typename S, bool kWeight>
-void launch(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
-  const G* g = static_cast<const G*>(s.grad);
-  auto* m = static_cast<S*>(s.m);
-  auto* v = static_cast<S*>(s.v);
-  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
-  const std::uint64_t rs = round_stream(s.key, k.step);
-  const bool vec = aligned16(s.master) && aligned16(m) && aligned16(v) && aligned16(g) &&
-                   (!kWeight || aligned16(w));
-  std::size_t done = 0;
-  if (vec) {
-    const std::size_t n8 = s.n / 8;
-    if (n8 > 0) {
-      constexpr auto kern = adamw_vec8_kernel<G, S, kWeight>;
-      kern<<<grid_for<kern>(n8, max_sms), kThreads, 0, stream>>>(s.master, m, v, g, w, n8, k, rs, s.first);
+// Calls f.template operator()<G, S, kWeight>() for the element types of a span: gradient G
+// (uint16_t bf16 bits or float), moments S (float, uint16_t bf16 bits or uint8_t q8 records),
+// and whether a weight is written.
+template <typename F>
+void with_types(GradType gt, StateType st, bool weight, F&& f) {
+  auto w = [&]<typename G, typename S>() {
+    if (weight) f.template operator()<G, S, true>();
+    else f.template operator()<G, S, false>();
+  };
+  auto s = [&]<typename G>() {
+    if (st == StateType::q8) w.template operator()<G, std::uint8_t>();
+    else if (st == StateType::bf16) w.template operator()<G, std::uint16_t>();
+    else w.template operator()<G, float>();
+  };
+  if (gt == GradType::bf16) s.template operator()<std::uint16_t>();
+  else s.template operator()<float>();
+}
+
+std::size_t state_elem_size(StateType st) { return st == StateType::bf16 ? 2 : 4; }
+
+// Elements [done, n) of s with the scalar kernel (unaligned buffers, the last n % 8).
+void launch_scalar(const AdamWSpan& s, std::size_t done, const StepScalars& k, cudaStream_t stream, int max_sms) {
+  const std::size_t rest = s.n - done, es = state_elem_size(s.state);
+  with_types(s.grad_type, s.state, s.weight != nullptr, [&]<typename G, typename S, bool kWeight>() {
+    if constexpr (!std::is_same_v<S, std::uint8_t>) {
+      constexpr auto kern = adamw_scalar_kernel<G, S, kWeight>;
+      kern<<<grid_for<kern>(rest, max_sms), kThreads, 0, stream>>>(
+          s.master + done, reinterpret_cast<S*>(static_cast<unsigned char*>(s.m) + done * es),
+          reinterpret_cast<S*>(static_cast<unsigned char*>(s.v) + done * es), static_cast<const G*>(s.grad) + done,
+          kWeight ? reinterpret_cast<std::uint16_t*>(s.weight) + done : nullptr, rest, k,
+          round_stream(s.key, k.step), s.first + done);
       GHT_CUDA_CHECK_LAUNCH();
-      done = n8 * 8;
     }
-  }
-  if (done < s.n) {
-    const std::size_t rest = s.n - done;
-    constexpr auto kern = adamw_scalar_kernel<G, S, kWeight>;
-    kern<<<grid_for<kern>(rest, max_sms), kThreads, 0, stream>>>(s.master + done, m + done, v + done,
-                                                        g + done, kWeight ? w + done : nullptr,
-                                                        rest, k, rs, s.first + done);
-    GHT_CUDA_CHECK_LAUNCH();
-  }
+  });
 }
 
 bool aligned4(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 3u) == 0; }
 
-template <typename G, bool kWeight>
 void launch_q8(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
-  const G* g = static_cast<const G*>(s.grad);
-  auto* m = static_cast<std::uint8_t*>(s.m);
-  auto* v = static_cast<std::uint8_t*>(s.v);
-  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
-  GHT_EXPECTS(aligned4(m) && aligned4(v), "adamw_gpu: q8 moments must be 4-byte aligned (block records)");
-  const bool vec = aligned16(s.master) && aligned16(g) && (!kWeight || aligned16(w));
+  GHT_EXPECTS(aligned4(s.m) && aligned4(s.v), "adamw_gpu: q8 moments must be 4-byte aligned (block records)");
+  const bool vec = aligned16(s.master) && aligned16(s.grad) && (s.weight == nullptr || aligned16(s.weight));
   const std::size_t blocks = (s.n + kQ8Block - 1) / kQ8Block;
-  constexpr auto kern = adamw_q8_kernel<G, kWeight>;
-  kern<<<grid_for<kern>(blocks * 32, max_sms), kThreads, 0, stream>>>(s.master, m, v, g, w, s.n, vec, k, q8_tables());
-  GHT_CUDA_CHECK_LAUNCH();
+  with_types(s.grad_type, s.state, s.weight != nullptr, [&]<typename G, typename S, bool kWeight>() {
+    if constexpr (std::is_same_v<S, std::uint8_t>) {
+      constexpr auto kern = adamw_q8_kernel<G, kWeight>;
+      kern<<<grid_for<kern>(blocks * 32, max_sms), kThreads, 0, stream>>>(
+          s.master, static_cast<std::uint8_t*>(s.m), static_cast<std::uint8_t*>(s.v), static_cast<const G*>(s.grad),
+          reinterpret_cast<std::uint16_t*>(s.weight), s.n, vec, k, q8_tables());
+      GHT_CUDA_CHECK_LAUNCH();
+    }
+  });
 }
 
-template <typename G, typename S>
-void launch_typed(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
-  if constexpr (std::is_same_v<S, std::uint8_t>) {
-    if (s.weight != nullptr) launch_q8<G, true>(s, k, stream, max_sms);
-    else launch_q8<G, false>(s, k, stream, max_sms);
-  } else {
-    if (s.weight != nullptr) launch<G, S, true>(s, k, stream, max_sms);
-    else launch<G, S, false>(s, k, stream, max_sms);
-  }
+// Whether the vector kernel can take s (the rest of the span then goes to launch_scalar).
+bool vectorizable(const AdamWSpan& s) {
+  return s.state != StateType::q8 && s.n >= 8 && aligned16(s.master) && aligned16(s.m) && aligned16(s.v) &&
+         aligned16(s.grad) && (s.weight == nullptr || aligned16(s.weight));
 }
+
+bool same_scalars(const StepScalars& a, const StepScalars& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
 // ---- sum of squares ------------------------------------------------------------------------
 
@@ -416,31 +450,47 @@ __device__ __forceinline__ double block_sum(double x) {
   return total;
 }
 
-// Fixed grid: the elements each thread sees, and the order they are added in, depend only on n,
-// so the partial in each block's slot is reproducible.
+// Σ g² of up to kAdamWBatchSpans buffers of one type in one launch. Fixed grid: the elements
+// each thread sees of a buffer, and the order they are added in, depend only on that buffer's n,
+// and each block adds the buffers' block sums into its slot in queue order, so the slot holds
+// the same double, bit for bit, as one launch per buffer would leave there.
+struct SumsqBatch {
+  const void* g[kAdamWBatchSpans];
+  std::size_t n[kAdamWBatchSpans];
+  bool vec[kAdamWBatchSpans];
+  int count;
+};
+
 template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    sumsq_kernel(const G* __restrict__ g, std::size_t n, bool vec, double* __restrict__ partials) {
+    sumsq_kernel(const __grid_constant__ SumsqBatch b, double* __restrict__ partials) {
   const std::size_t tid = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  double acc = 0;
-  std::size_t start = 0;
-  if (vec) {
-    const std::size_t n8 = n / 8;
-    for (std::size_t i = tid; i < n8; i += stride) {
-      float x[8];
-      load8_grad(g + i * 8, x);
+  double slot = threadIdx.x == 0 ? partials[blockIdx.x] : 0.0;
+  for (int s = 0; s < b.count; ++s) {
+    const G* g = static_cast<const G*>(b.g[s]);
+    const std::size_t n = b.n[s];
+    double acc = 0;
+    std::size_t start = 0;
+    if (b.vec[s]) {
+      const std::size_t n8 = n / 8;
+      for (std::size_t i = tid; i < n8; i += stride) {
+        float x[8];
+        load8_grad(g + i * 8, x);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) acc += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+        for (int j = 0; j < 8; ++j) acc += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+      }
+      start = n8 * 8;
     }
-    start = n8 * 8;
+    for (std::size_t i = start + tid; i < n; i += stride) {
+      const double x = load1_grad(g, i);
+      acc += x * x;
+    }
+    const double total = block_sum(acc);
+    if (threadIdx.x == 0) slot += total;
+    __syncthreads();  // block_sum's shared slots are reused by the next buffer
   }
-  for (std::size_t i = start + tid; i < n; i += stride) {
-    const double x = load1_grad(g, i);
-    acc += x * x;
-  }
-  const double total = block_sum(acc);
-  if (threadIdx.x == 0) partials[blockIdx.x] += total;
+  if (threadIdx.x == 0) partials[blockIdx.x] = slot;
 }
 
 __global__ void sum_partials_kernel(double* partials, int n) {
@@ -451,25 +501,118 @@ __global__ void sum_partials_kernel(double* partials, int n) {
 
 }  // namespace
 
-void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
+struct AdamWBatch::Queue {
+  VecBatch b;
+  cudaStream_t stream = nullptr;
+  int max_spans = kAdamWBatchSpans;
+  int count = 0;
+  int scalars = 0;  // distinct StepScalars in b.k
+  std::size_t total8 = 0;
+  GradType grad_type = GradType::bf16;
+  StateType state = StateType::fp32;
+  bool weight = false;
+  int max_sms = 0;
+  std::size_t launches = 0;
+};
+
+AdamWBatch::AdamWBatch(cudaStream_t stream, int max_spans) : q_(std::make_unique<Queue>()) {
+  GHT_EXPECTS(max_spans >= 1 && max_spans <= kAdamWBatchSpans,
+              "AdamWBatch: spans per launch must be in [1, " + std::to_string(kAdamWBatchSpans) + "], got " +
+                  std::to_string(max_spans));
+  q_->stream = stream;
+  q_->max_spans = max_spans;
+}
+
+AdamWBatch::~AdamWBatch() = default;
+
+bool AdamWBatch::fits(const AdamWSpan& s, const StepScalars& k, int max_sms) const {
+  const Queue& q = *q_;
+  if (q.count == 0 || !vectorizable(s)) return true;
+  if (q.count == q.max_spans || s.grad_type != q.grad_type || s.state != q.state ||
+      (s.weight != nullptr) != q.weight || max_sms != q.max_sms) {
+    return false;
+  }
+  for (int i = 0; i < q.scalars; ++i) {
+    if (same_scalars(q.b.k[i], k)) return true;
+  }
+  return q.scalars < 2;
+}
+
+void AdamWBatch::add(const AdamWSpan& s, const StepScalars& k, int max_sms) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_gpu: null master/m/v/grad pointer");
+  Queue& q = *q_;
   if (s.state == StateType::q8) {
-    if (s.grad_type == GradType::bf16) launch_typed<std::uint16_t, std::uint8_t>(s, k, stream, max_sms);
-    else launch_typed<float, std::uint8_t>(s, k, stream, max_sms);
+    launch_q8(s, k, q.stream, max_sms);
+    ++q.launches;
     return;
   }
-  const bool bf16_state = s.state == StateType::bf16;
-  if (s.grad_type == GradType::bf16) {
-    if (bf16_state) launch_typed<std::uint16_t, std::uint16_t>(s, k, stream, max_sms);
-    else launch_typed<std::uint16_t, float>(s, k, stream, max_sms);
-  } else {
-    if (bf16_state) launch_typed<float, std::uint16_t>(s, k, stream, max_sms);
-    else launch_typed<float, float>(s, k, stream, max_sms);
+  if (!vectorizable(s)) {
+    launch_scalar(s, 0, k, q.stream, max_sms);
+    ++q.launches;
+    return;
+  }
+  if (!fits(s, k, max_sms)) flush();
+  if (q.count == 0) {
+    q.grad_type = s.grad_type;
+    q.state = s.state;
+    q.weight = s.weight != nullptr;
+    q.max_sms = max_sms;
+    q.scalars = 0;
+  }
+  int ki = 0;
+  while (ki < q.scalars && !same_scalars(q.b.k[ki], k)) ++ki;
+  if (ki == q.scalars) q.b.k[q.scalars++] = k;
+  const std::size_t n8 = s.n / 8;
+  VecSpan& v = q.b.span[q.count];
+  v.master = s.master;
+  v.m = s.m;
+  v.v = s.v;
+  v.grad = s.grad;
+  v.weight = reinterpret_cast<std::uint16_t*>(s.weight);
+  v.stream = round_stream(s.key, k.step);
+  v.first = s.first;
+  v.begin8 = q.total8;
+  v.k = ki;
+  q.total8 += n8;
+  q.b.end8[q.count++] = q.total8;
+  if (n8 * 8 < s.n) {
+    launch_scalar(s, n8 * 8, k, q.stream, max_sms);  // the last n % 8: other elements, same stream
+    ++q.launches;
   }
 }
 
-DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream) {
+void AdamWBatch::flush() {
+  Queue& q = *q_;
+  if (q.count == 0) return;
+  with_types(q.grad_type, q.state, q.weight, [&]<typename G, typename S, bool kWeight>() {
+    if constexpr (!std::is_same_v<S, std::uint8_t>) {
+      constexpr auto kern = adamw_vec8_kernel<G, S, kWeight>;
+      kern<<<grid_for<kern>(q.total8, q.max_sms), kThreads, 0, q.stream>>>(q.b, q.total8);
+      GHT_CUDA_CHECK_LAUNCH();
+    }
+  });
+  ++q.launches;
+  q.count = 0;
+  q.total8 = 0;
+  q.scalars = 0;
+}
+
+std::size_t AdamWBatch::launches() const { return q_->launches; }
+
+void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms) {
+  AdamWBatch b(stream, 1);
+  b.add(s, k, max_sms);
+  b.flush();
+}
+
+struct DeviceSumsq::Queue {
+  SumsqBatch b{};
+  GradType type = GradType::bf16;
+  cudaStream_t stream = nullptr;
+};
+
+DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream) : q_(std::make_unique<Queue>()) {
   blocks_ = sm_count() * kSumsqBlocksPerSm;
   partials_ = alloc::unique_block(a, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
                                   {TensorClass::other, "optimizer.norm_partials", TierKind::hbm, false}, stream);
@@ -479,6 +622,7 @@ DeviceSumsq::DeviceSumsq(alloc::tiered_allocator& a, cudaStream_t stream) {
 DeviceSumsq::~DeviceSumsq() = default;
 
 void DeviceSumsq::reset(cudaStream_t stream) {
+  q_->b.count = 0;  // what was queued for the last sum is dropped with it
   GHT_CUDA_TRY(cudaMemsetAsync(partials_.get(), 0, sizeof(double) * static_cast<std::size_t>(blocks_ + 1),
                                stream));
 }
@@ -486,18 +630,30 @@ void DeviceSumsq::reset(cudaStream_t stream) {
 void DeviceSumsq::add(const void* grad, GradType t, std::size_t n, cudaStream_t stream) {
   if (n == 0) return;
   GHT_EXPECTS(grad != nullptr, "DeviceSumsq::add: null gradient pointer");
-  const bool vec = aligned16(grad);
-  if (t == GradType::bf16) {
-    sumsq_kernel<std::uint16_t><<<blocks_, kThreads, 0, stream>>>(
-        static_cast<const std::uint16_t*>(grad), n, vec, partials_.as<double>());
+  Queue& q = *q_;
+  if (q.b.count > 0 && (q.b.count == kAdamWBatchSpans || t != q.type || stream != q.stream)) flush();
+  q.type = t;
+  q.stream = stream;
+  q.b.g[q.b.count] = grad;
+  q.b.n[q.b.count] = n;
+  q.b.vec[q.b.count] = aligned16(grad);
+  ++q.b.count;
+}
+
+void DeviceSumsq::flush() {
+  Queue& q = *q_;
+  if (q.b.count == 0) return;
+  if (q.type == GradType::bf16) {
+    sumsq_kernel<std::uint16_t><<<blocks_, kThreads, 0, q.stream>>>(q.b, partials_.as<double>());
   } else {
-    sumsq_kernel<float><<<blocks_, kThreads, 0, stream>>>(static_cast<const float*>(grad), n, vec,
-                                                          partials_.as<double>());
+    sumsq_kernel<float><<<blocks_, kThreads, 0, q.stream>>>(q.b, partials_.as<double>());
   }
   GHT_CUDA_CHECK_LAUNCH();
+  q.b.count = 0;
 }
 
 double DeviceSumsq::finish(cudaStream_t stream) {
+  flush();
   sum_partials_kernel<<<1, 1, 0, stream>>>(partials_.as<double>(), blocks_);
   GHT_CUDA_CHECK_LAUNCH();
   GHT_CUDA_TRY(cudaMemcpyAsync(result_.get(), partials_.as<double>() + blocks_, sizeof(double),

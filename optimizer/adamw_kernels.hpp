@@ -41,6 +41,7 @@
  */
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "optimizer/bf16.hpp"
@@ -277,14 +278,51 @@ inline constexpr double kLinkKernelMargin = 4;
  * aligned it moves 16-byte vectors (8 elements per thread per iteration, grid-stride, enough
  * blocks to fill every SM, or `max_sms` of them when > 0); otherwise it falls back to a scalar
  * loop. Each element is computed on its own, so the result does not depend on the grid.
- * Asynchronous on `stream`.
+ * Asynchronous on `stream`. One span; AdamWBatch below launches many at once.
  */
 void adamw_gpu(const AdamWSpan& s, const StepScalars& k, cudaStream_t stream, int max_sms = 0);
 
+/// Most spans one AdamWBatch launch takes (they travel in the kernel's argument, under 4 KiB).
+inline constexpr int kAdamWBatchSpans = 32;
+
+/**
+ * @brief adamw_gpu over many spans in few launches. A step of many small regions (an MoE layer's
+ * experts: a few million parameters each) otherwise pays one kernel's ramp-up and drain per
+ * region, which held the device path at about half of HBM bandwidth on small experts
+ * (bench/NOTES.md, session 10). Spans queued with add() run in one launch of the vector kernel
+ * (at most `max_spans`, all of one gradient type, state type, weight-or-not and SM limit, with at
+ * most two distinct StepScalars, e.g. with and without weight decay); add() launches the queued
+ * ones first when the new span does not fit (fits()). q8 spans, spans with a pointer not 16-byte
+ * aligned, and the last n % 8 elements of a span launch at once on their own. Every element is
+ * computed by the same code as adamw_gpu (which is a batch of one), so the bytes do not depend on
+ * the batching. Asynchronous on `stream`; call flush() before depending on the results (the
+ * destructor does not launch).
+ */
+class AdamWBatch {
+ public:
+  explicit AdamWBatch(cudaStream_t stream, int max_spans = kAdamWBatchSpans);
+  ~AdamWBatch();
+  AdamWBatch(const AdamWBatch&) = delete;
+  AdamWBatch& operator=(const AdamWBatch&) = delete;
+  /// Whether add(s, k, max_sms) would join the queued spans (true when nothing is queued or s
+  /// launches on its own); false: add() launches the queued spans first.
+  [[nodiscard]] bool fits(const AdamWSpan& s, const StepScalars& k, int max_sms = 0) const;
+  void add(const AdamWSpan& s, const StepScalars& k, int max_sms = 0);
+  /// Launch the queued spans (nothing when none are queued).
+  void flush();
+  /// Kernel launches so far (batches and the spans that launched on their own).
+  [[nodiscard]] std::size_t launches() const;
+
+ private:
+  struct Queue;
+  std::unique_ptr<Queue> q_;
+};
+
 /**
  * @brief Deterministic Σ g² of device gradients, accumulated over several buffers.
- * Each of a fixed number of blocks adds its double partial into its own slot (no atomics), and
- * finish() adds the slots in order, so results repeat bit for bit.
+ * Each of a fixed number of blocks adds its double partial of each buffer, in the order the
+ * buffers were added, into its own slot (no atomics), and finish() adds the slots in order, so
+ * results repeat bit for bit and do not depend on how the buffers were batched into launches.
  */
 class DeviceSumsq {
  public:
@@ -296,12 +334,18 @@ class DeviceSumsq {
   DeviceSumsq& operator=(const DeviceSumsq&) = delete;
   /// Zero the partials (asynchronous on stream).
   void reset(cudaStream_t stream);
-  /// Add Σ g² of n GPU-readable gradients (asynchronous on stream).
+  /// Add Σ g² of n GPU-readable gradients (asynchronous on stream). Buffers are queued and
+  /// summed kAdamWBatchSpans per launch (one launch per buffer cost about as much as the sum on
+  /// a model of many small experts); the pointer must stay valid until finish() or flush().
   void add(const void* grad, GradType t, std::size_t n, cudaStream_t stream);
+  /// Launch the sums of the queued buffers (add and finish call it when they must).
+  void flush();
   /// Reduce the partials and return the sum; synchronises with stream.
   [[nodiscard]] double finish(cudaStream_t stream);
 
  private:
+  struct Queue;
+  std::unique_ptr<Queue> q_;
   int blocks_ = 0;
   alloc::unique_block partials_;  ///< (blocks_ + 1) doubles, device
   alloc::unique_block result_;    ///< one double, host (pinned on PCIe), written by the final kernel

@@ -57,6 +57,9 @@ bool parse_args(int argc, char** argv, Args& args, int& rc) {
                  "weights in HBM; 0 = off)");
   app.add_option("--split-regions", args.split_regions, "equal regions of the split sweep")
       ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--region-params", args.region_params,
+                 "device rows also in regions of this many parameters, one launch per region against batched "
+                 "(GHT_OPT_BATCH); 0: off");
   app.add_option("--split-shares", args.split_shares,
                  "CPU shares to measure (default: 0, 1, the predicted best and +-0.05, +-0.1, +0.2 around it)")
       ->check(CLI::Range(0.0, 1.0));

@@ -116,6 +116,7 @@ struct Args {
   /// around it); --split-only skips the per-size rows (the triad and the link still run).
   std::uint64_t split_params = 0;
   int split_regions = 512;
+  std::uint64_t region_params = 2097152;  ///< device rows in regions of this many parameters too (0: off)
   std::vector<double> split_shares;
   bool split_only = false;
 };

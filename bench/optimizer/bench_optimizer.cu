@@ -197,12 +197,15 @@ tier::LinkNumbers measure_link(const Args& args, Report& report) {
   return L;
 }
 
-/// One AdamW over `n` parameters in one region; grads (bf16) and weights in HBM.
+/// One AdamW over `n` parameters, in one region or in regions of `per_region` (the last one
+/// shorter; an MoE layer's experts are regions of a few million); grads (bf16) and weights in
+/// HBM. batch_spans: AdamWOptions::batch_spans (0: GHT_OPT_BATCH).
 struct Setup {
   DeviceBuffer grad, weight;
   std::unique_ptr<optimizer::AdamW> opt;
   Setup(std::uint64_t n, optimizer::PathChoice path, int threads,
-        optimizer::LinkMode mode = optimizer::LinkMode::zero_copy)
+        optimizer::LinkMode mode = optimizer::LinkMode::zero_copy, std::uint64_t per_region = 0,
+        int batch_spans = 0)
       : grad(n * 2), weight(n * 2) {
     fill_grad_kernel<<<full_grid(), 256>>>(static_cast<std::uint16_t*>(grad.get()), n);
     GHT_CUDA_CHECK_LAUNCH();
@@ -211,8 +214,17 @@ struct Setup {
     o.path = path;
     o.link_mode = mode;
     o.cpu_threads = threads;
-    optimizer::Region r{"all", n, true, weight.get(), grad.get(), GradType::bf16};
-    opt = std::make_unique<optimizer::AdamW>(std::vector<optimizer::Region>{r}, o);
+    o.batch_spans = batch_spans;
+    std::vector<optimizer::Region> rs;
+    const std::uint64_t per = per_region > 0 ? per_region : n;
+    for (std::uint64_t at = 0; at < n; at += per) {
+      const std::uint64_t len = std::min(per, n - at);
+      std::string name = "r";
+      name += std::to_string(rs.size());
+      rs.push_back({std::move(name), len, true, static_cast<std::uint16_t*>(weight.get()) + at,
+                    static_cast<const std::uint16_t*>(grad.get()) + at, GradType::bf16});
+    }
+    opt = std::make_unique<optimizer::AdamW>(std::move(rs), o);
   }
 };
 
@@ -437,6 +449,30 @@ void run_gpu(const Args& args, Report& report) {
       report.rows.push_back(up);
       report.rows.push_back(st);
       std::cout << "device " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s\n";
+    }
+    // ---- device, many expert-sized regions: one launch per region against AdamWBatch -------------
+    if (args.region_params > 0 && args.region_params < n) {
+      for (const int batch : {1, optimizer::kAdamWBatchSpans}) {
+        Setup s(n, optimizer::PathChoice::device, args.threads, optimizer::LinkMode::zero_copy, args.region_params,
+                batch);
+        Row up, st;
+        const std::string what = std::to_string(s.opt->num_regions()) + " regions of " +
+                                 human_params(args.region_params) + ", GHT_OPT_BATCH=" + std::to_string(batch);
+        up.path = "device update, " + what;
+        st.path = "device step (norm + update), " + what;
+        for (Row* r : {&up, &st}) {
+          r->params = n;
+          r->bytes_per_param = adamw_bytes;
+          r->roof_gparams = L.hbm_bps / adamw_bytes / 1e9;
+          r->roof_basis = hbm_basis;
+          r->torch_key = "torch_fused_cuda";
+        }
+        time_update_and_step(args, *s.opt, up.seconds, st.seconds);
+        report.rows.push_back(up);
+        report.rows.push_back(st);
+        std::cout << up.path << ": " << fmt(up.gparams()) << " Gparam/s (" << fmt(100 * up.fraction(), 1)
+                  << "% of " << up.roof_basis << "); step " << fmt(st.gparams()) << " Gparam/s\n";
+      }
     }
     // ---- cpu path of the AdamW class: grads down and weights up through staging ----------------
     if (triad > 0) {

@@ -123,6 +123,7 @@ struct AdamW::Impl {
   std::size_t staging_bytes = 0;
   std::optional<double> split_share;  // PathChoice::split: the resolved CPU share
   int link_sms = 0;                   // SMs the gpu_link kernel may occupy
+  int batch_spans = 1;                // chunks per AdamWBatch launch in update_all (GHT_OPT_BATCH)
 
   LinkMode link_mode = LinkMode::zero_copy;
   // Every stream at the device's lowest priority (make_stream).
@@ -221,6 +222,10 @@ struct AdamW::Impl {
   int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms : 0; }
   void update_gpu(RegionState& rs, const StepScalars& k, bool speculative = false);
   void update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative = false);
+  /// update_all's GPU part: regions updated in place (device, gpu_link zero-copy) in region
+  /// order, their chunks batch_spans per launch; each other region through update_region, in
+  /// its turn (the batch queued before it is launched first).
+  void update_gpu_batched(AdamW& self);
 
   // ---- speculation ----
   static std::size_t spec_pad(std::size_t count) { return (count + 7) / 8 * 8; }
