@@ -432,12 +432,12 @@ void run_gpu(const Args& args, Report& report) {
       predictions.push_back(p);
       report.notes.push_back(line);
     }
-    // ---- device: all state in HBM ------------------------------------------------------------
-    {
-      Setup s(n, optimizer::PathChoice::device, args.threads);
+    // ---- device: all state in HBM; one region, then expert-sized regions at one launch per
+    // region against AdamWBatch's ------------------------------------------------------------
+    auto device_rows = [&](optimizer::AdamW& opt, const std::string& what) {
       Row up, st;
-      up.path = "device update";
-      st.path = "device step (norm + update)";
+      up.path = "device update" + what;
+      st.path = "device step (norm + update)" + what;
       for (Row* r : {&up, &st}) {
         r->params = n;
         r->bytes_per_param = adamw_bytes;
@@ -445,33 +445,23 @@ void run_gpu(const Args& args, Report& report) {
         r->roof_basis = hbm_basis;
         r->torch_key = "torch_fused_cuda";
       }
-      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
+      time_update_and_step(args, opt, up.seconds, st.seconds);
       report.rows.push_back(up);
       report.rows.push_back(st);
-      std::cout << "device " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s\n";
+      std::cout << up.path << " " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s ("
+                << fmt(100 * up.fraction(), 1) << "% of " << up.roof_basis << "); step " << fmt(st.gparams())
+                << " Gparam/s\n";
+    };
+    {
+      Setup s(n, optimizer::PathChoice::device, args.threads);
+      device_rows(*s.opt, "");
     }
-    // ---- device, many expert-sized regions: one launch per region against AdamWBatch -------------
     if (args.region_params > 0 && args.region_params < n) {
       for (const int batch : {1, optimizer::kAdamWBatchSpans}) {
         Setup s(n, optimizer::PathChoice::device, args.threads, optimizer::LinkMode::zero_copy, args.region_params,
                 batch);
-        Row up, st;
-        const std::string what = std::to_string(s.opt->num_regions()) + " regions of " +
-                                 human_params(args.region_params) + ", GHT_OPT_BATCH=" + std::to_string(batch);
-        up.path = "device update, " + what;
-        st.path = "device step (norm + update), " + what;
-        for (Row* r : {&up, &st}) {
-          r->params = n;
-          r->bytes_per_param = adamw_bytes;
-          r->roof_gparams = L.hbm_bps / adamw_bytes / 1e9;
-          r->roof_basis = hbm_basis;
-          r->torch_key = "torch_fused_cuda";
-        }
-        time_update_and_step(args, *s.opt, up.seconds, st.seconds);
-        report.rows.push_back(up);
-        report.rows.push_back(st);
-        std::cout << up.path << ": " << fmt(up.gparams()) << " Gparam/s (" << fmt(100 * up.fraction(), 1)
-                  << "% of " << up.roof_basis << "); step " << fmt(st.gparams()) << " Gparam/s\n";
+        device_rows(*s.opt, ", " + std::to_string(s.opt->num_regions()) + " regions of " +
+                                human_params(args.region_params) + ", GHT_OPT_BATCH=" + std::to_string(batch));
       }
     }
     // ---- cpu path of the AdamW class: grads down and weights up through staging ----------------
