@@ -433,10 +433,11 @@ void AdamW::Impl::update_gpu_batched(AdamW& self) {
     }
     rs.updated = true;
     const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
+    const int sms = kernel_sms(rs);
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
-      if (!batch.fits(s, k, kernel_sms(rs))) launch();
-      batch.add(s, k, kernel_sms(rs));
+      if (!batch.fits(s, k, sms)) launch();
+      batch.add(s, k, sms);
       pending.push_back(rs.events[c]);
     }
   }

@@ -54,7 +54,8 @@
  * parameters per chunk in dma mode, so the copy pipeline fills quickly) and an event is
  * recorded after each chunk, so consumers (the next forward) can wait for just the layers they
  * need. update_all launches the chunks of in-place regions (device, gpu_link zero-copy) up to
- * GHT_OPT_BATCH at a time in one kernel (AdamWBatch) and records their events after it. Its streams have the device's lowest priority, and the gpu_link kernel occupies at most
+ * GHT_OPT_BATCH at a time in one kernel (AdamWBatch) and records their events after it. Its
+ * streams have the device's lowest priority, and the gpu_link kernel occupies at most
  * link_kernel_sms() SMs (GHT_OPT_KERNEL_SMS; derived from the link and HBM rates), so that a
  * link-bound update leaves the rest of the GPU to compute.
  *

@@ -389,17 +389,14 @@ void with_types(GradType gt, StateType st, bool weight, F&& f) {
   else s.template operator()<float>();
 }
 
-std::size_t state_elem_size(StateType st) { return st == StateType::bf16 ? 2 : 4; }
-
 // Elements [done, n) of s with the scalar kernel (unaligned buffers, the last n % 8).
 void launch_scalar(const AdamWSpan& s, std::size_t done, const StepScalars& k, cudaStream_t stream, int max_sms) {
-  const std::size_t rest = s.n - done, es = state_elem_size(s.state);
+  const std::size_t rest = s.n - done;
   with_types(s.grad_type, s.state, s.weight != nullptr, [&]<typename G, typename S, bool kWeight>() {
     if constexpr (!std::is_same_v<S, std::uint8_t>) {
       constexpr auto kern = adamw_scalar_kernel<G, S, kWeight>;
       kern<<<grid_for<kern>(rest, max_sms), kThreads, 0, stream>>>(
-          s.master + done, reinterpret_cast<S*>(static_cast<unsigned char*>(s.m) + done * es),
-          reinterpret_cast<S*>(static_cast<unsigned char*>(s.v) + done * es), static_cast<const G*>(s.grad) + done,
+          s.master + done, static_cast<S*>(s.m) + done, static_cast<S*>(s.v) + done, static_cast<const G*>(s.grad) + done,
           kWeight ? reinterpret_cast<std::uint16_t*>(s.weight) + done : nullptr, rest, k,
           round_stream(s.key, k.step), s.first + done);
       GHT_CUDA_CHECK_LAUNCH();
@@ -558,7 +555,6 @@ void AdamWBatch::add(const AdamWSpan& s, const StepScalars& k, int max_sms) {
     q.state = s.state;
     q.weight = s.weight != nullptr;
     q.max_sms = max_sms;
-    q.scalars = 0;
   }
   int ki = 0;
   while (ki < q.scalars && !same_scalars(q.b.k[ki], k)) ++ki;

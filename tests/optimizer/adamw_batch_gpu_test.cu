@@ -42,7 +42,7 @@ std::vector<unsigned char> bytes_back(DeviceMem& dev, const void* p, std::size_t
 }
 
 void check_batch_against_single_launches(StateType st, GradType gt) {
-  const std::size_t ss = st == StateType::bf16 ? 2 : 4, gs = grad_type_size(gt);
+  const std::size_t ss = state_bytes(st, 1), gs = grad_type_size(gt);
   // Sizes with tails (n % 8), one under a vector, unaligned spans, spans without a weight (the
   // batch's weight-or-not changes), and a third scalar set in the middle (a batch holds two).
   struct Shape {
