@@ -139,12 +139,18 @@ template <bool BACKWARD, typename DW>
 void run(const CeOutputs& out, bf16* dx, DW* dw, const bf16* x, const bf16* w,
          const std::int32_t* targets, std::int64_t N, int C, int V, float dloss,
          std::int32_t ignore, std::int64_t chunk_rows, void* workspace,
-         std::size_t workspace_bytes, cudaStream_t stream) {
+         std::size_t workspace_bytes, cudaStream_t stream, float dw_beta = 1.0f) {
   check(BACKWARD ? "lm_head_ce_forward_backward" : "lm_head_ce_forward", N, C, V, chunk_rows,
         workspace_bytes, workspace);
+  GHT_EXPECTS(dw_beta == 0.0f || dw_beta == 1.0f,
+              "lm_head_ce_forward_backward: dw_beta must be 0 (assign dW) or 1 (add to it), not " +
+                  std::to_string(dw_beta));
   if (N == 0) {
     if (out.loss != nullptr) GHT_CUDA_TRY(cudaMemsetAsync(out.loss, 0, sizeof(float), stream));
     if (out.valid != nullptr) GHT_CUDA_TRY(cudaMemsetAsync(out.valid, 0, sizeof(std::int32_t), stream));
+    if (BACKWARD && dw_beta == 0.0f) {  // no rows: the gradient is zero
+      GHT_CUDA_TRY(cudaMemsetAsync(dw, 0, static_cast<std::size_t>(V) * C * sizeof(DW), stream));
+    }
     return;
   }
   const std::size_t n_bytes = scratch_align(static_cast<std::size_t>(N) * sizeof(float));
@@ -184,7 +190,7 @@ void run(const CeOutputs& out, bf16* dx, DW* dw, const bf16* x, const bf16* w,
       d.b = w;
       d.c = dx + i0 * C;
       gemm(d, stream);
-      GemmArgs h;  // dW (V, C) += dlogits^T (V, rows) · x_chunk (rows, C)
+      GemmArgs h;  // dW (V, C) = beta·dW + dlogits^T (V, rows) · x_chunk (rows, C)
       h.m = V;
       h.n = C;
       h.k = rows;
@@ -193,7 +199,7 @@ void run(const CeOutputs& out, bf16* dx, DW* dw, const bf16* x, const bf16* w,
       h.b = x + i0 * C;
       h.c = dw;
       h.c_type = sizeof(DW) == 4 ? DType::f32 : DType::bf16;
-      h.beta = 1.0f;
+      h.beta = i0 == 0 ? dw_beta : 1.0f;
       gemm(h, stream);
     }
   }
@@ -220,18 +226,18 @@ void lm_head_ce_forward_backward(const CeOutputs& out, bf16* dx, float* dw, cons
                                  const bf16* w, const std::int32_t* targets, std::int64_t N, int C,
                                  int V, float dloss, std::int32_t ignore_index,
                                  std::int64_t chunk_rows, void* workspace,
-                                 std::size_t workspace_bytes, cudaStream_t stream) {
+                                 std::size_t workspace_bytes, cudaStream_t stream, float dw_beta) {
   run<true>(out, dx, dw, x, w, targets, N, C, V, dloss, ignore_index, chunk_rows, workspace,
-            workspace_bytes, stream);
+            workspace_bytes, stream, dw_beta);
 }
 
 void lm_head_ce_forward_backward(const CeOutputs& out, bf16* dx, bf16* dw, const bf16* x,
                                  const bf16* w, const std::int32_t* targets, std::int64_t N, int C,
                                  int V, float dloss, std::int32_t ignore_index,
                                  std::int64_t chunk_rows, void* workspace,
-                                 std::size_t workspace_bytes, cudaStream_t stream) {
+                                 std::size_t workspace_bytes, cudaStream_t stream, float dw_beta) {
   run<true>(out, dx, dw, x, w, targets, N, C, V, dloss, ignore_index, chunk_rows, workspace,
-            workspace_bytes, stream);
+            workspace_bytes, stream, dw_beta);
 }
 
 void lm_head_ce_check_targets(const std::int32_t* targets, std::int64_t N, int V,

@@ -62,19 +62,22 @@ void lm_head_ce_forward(const CeOutputs& out, const __nv_bfloat16* x, const __nv
  *        a bf16 accumulator rounds once per chunk)
  * @param dloss gradient of the loss w.r.t. the mean CE (e.g. the loss scale); dlogits carry
  *        dloss / n_valid
+ * @param dw_beta 1: dW += the gradient; 0: dW = the gradient (dW is never read, so it may hold
+ *        anything, NaN included: the first chunk's GEMM writes with beta 0)
+ * @throws ght::logic_error unless dw_beta is 0 or 1
  */
 void lm_head_ce_forward_backward(const CeOutputs& out, __nv_bfloat16* dx, float* dw,
                                  const __nv_bfloat16* x, const __nv_bfloat16* w,
                                  const std::int32_t* targets, std::int64_t N, int C, int V,
                                  float dloss, std::int32_t ignore_index, std::int64_t chunk_rows,
                                  void* workspace, std::size_t workspace_bytes,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, float dw_beta = 1.0f);
 void lm_head_ce_forward_backward(const CeOutputs& out, __nv_bfloat16* dx, __nv_bfloat16* dw,
                                  const __nv_bfloat16* x, const __nv_bfloat16* w,
                                  const std::int32_t* targets, std::int64_t N, int C, int V,
                                  float dloss, std::int32_t ignore_index, std::int64_t chunk_rows,
                                  void* workspace, std::size_t workspace_bytes,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, float dw_beta = 1.0f);
 
 /// Throw ght::logic_error naming the first row whose target is outside [0, V) and not
 /// ignore_index (like the CPU op). Synchronises `stream`: a debugging and test aid.

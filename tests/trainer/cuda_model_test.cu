@@ -21,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <tuple>
@@ -435,6 +436,110 @@ TEST(CudaModel, CudaGraphReplayIsBitIdenticalToEager) {
   ASSERT_EQ(eager.size(), graphed.size());
   EXPECT_EQ(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)), 0)
       << "accumulated gradients differ between graph replays and eager runs";
+}
+
+// GradWrite::assign: a backward into a buffer of garbage (every byte 0xFF: NaN in fp32 and in
+// bf16) gives the gradients of zero_grad() then GradWrite::add, value for value (a zero may
+// differ in sign: beta 0 writes acc, beta 1 writes acc + 0), and a second micro-batch then adds
+// to them as usual. Over fp32 and bf16 gradients, tied and untied embeddings, every expert GEMM
+// path and a chunked LM head, with 64 experts and top-1 over 128 tokens so that some experts get
+// no token (their var-K gradient is written by the empty-group path). Attention is the
+// deterministic fallback (cuDNN's dQ uses atomics).
+TEST(CudaModel, AssignedGradientsEqualZeroedThenAdded) {
+  GHT_REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  std::vector<kc::GroupedGemmImpl> impls = {kc::GroupedGemmImpl::custom, kc::GroupedGemmImpl::cublaslt_streams};
+  if (kc::cutlass_available()) impls.push_back(kc::GroupedGemmImpl::cutlass);
+  for (const bool tied : {true, false}) {
+    ModelConfig c = test_config(1);
+    c.experts = 64;
+    c.tied_embeddings = tied;
+    MoEModel<float> cpu(c);
+    cpu.init(12);
+    round_params_to_bf16(cpu);
+    const Batch2 b1 = random_batch(c, 51), b2 = random_batch(c, 52);
+    for (const kc::GroupedGemmImpl impl : impls) {
+      for (const optimizer::GradType gt : {optimizer::GradType::fp32, optimizer::GradType::bf16}) {
+        for (const std::int64_t chunk : {std::int64_t{0}, std::int64_t{24}}) {
+          SCOPED_TRACE(::testing::Message() << (tied ? "tied" : "untied") << ", " << kc::to_string(impl) << ", "
+                                            << (gt == optimizer::GradType::fp32 ? "fp32" : "bf16")
+                                            << " gradients, LM head chunk " << chunk);
+          // Gradients after the first micro-batch and after the second.
+          auto run = [&](GradWrite first, std::vector<float>* after_first, int* empty_experts) {
+            CudaModelOptions o;
+            o.attention_impl = kc::AttentionImpl::fallback;
+            o.expert_impl = impl;
+            o.grad_type = gt;
+            o.ce_chunk_rows = chunk;
+            CudaMoEModel m(c, std::move(o));
+            m.load_weights(cpu.params());
+            if (first == GradWrite::add) {
+              m.zero_grad();
+            } else {
+              EXPECT_EQ(cudaMemset(m.grads(), 0xFF, m.num_params() * optimizer::grad_type_size(gt)), cudaSuccess);
+            }
+            m.forward_backward_async(b1.tokens.data(), b1.targets.data(), c.micro_batch, c.seq_len, 0.5f, 0,
+                                     nullptr, first);
+            (void)m.collect_loss(0);
+            *after_first = host_grads(m);
+            std::set<std::int32_t> used;
+            for (std::int32_t e : m.topk_indices(0)) used.insert(e);
+            *empty_experts = c.experts - static_cast<int>(used.size());
+            m.forward_backward_async(b2.tokens.data(), b2.targets.data(), c.micro_batch, c.seq_len, 0.5f, 1);
+            (void)m.collect_loss(1);
+            return host_grads(m);
+          };
+          std::vector<float> ref1, got1;
+          int empty_ref = 0, empty_got = 0;
+          const std::vector<float> ref2 = run(GradWrite::add, &ref1, &empty_ref);
+          const std::vector<float> got2 = run(GradWrite::assign, &got1, &empty_got);
+          EXPECT_EQ(empty_got, empty_ref);
+          ASSERT_GT(empty_ref, 0) << "no expert of layer 0 went without a token: the empty-group path is untested";
+          auto mismatches = [](const std::vector<float>& a, const std::vector<float>& r) {
+            std::size_t bad = 0;
+            for (std::size_t i = 0; i < r.size(); ++i) bad += (a[i] == r[i]) ? 0 : 1;  // NaN != NaN
+            return bad;
+          };
+          ASSERT_EQ(got1.size(), ref1.size());
+          EXPECT_EQ(mismatches(got1, ref1), 0u) << "after the assigning micro-batch";
+          EXPECT_EQ(mismatches(got2, ref2), 0u) << "after the adding micro-batch";
+        }
+      }
+    }
+  }
+}
+
+// A graph is captured per gradient write: a step's assigning first micro-batch and its adding
+// others replay their own graphs, with the gradients of eager runs bit for bit.
+TEST(CudaModel, CudaGraphsKeepAssignAndAddApart) {
+  GHT_REQUIRE_GPU();
+  const ModelConfig c = test_config(2);
+  MoEModel<float> cpu(c);
+  cpu.init(14);
+  round_params_to_bf16(cpu);
+  const Batch2 batches[] = {random_batch(c, 61), random_batch(c, 62)};
+  auto run = [&](bool graphs, std::int64_t* launches) {
+    CudaModelOptions o;
+    o.attention_impl = kernels::cuda::AttentionImpl::fallback;
+    o.cuda_graphs = graphs;
+    CudaMoEModel m(c, std::move(o));
+    m.load_weights(cpu.params());
+    // Three steps of two micro-batches: warm-up, capture, replay for each write.
+    for (int i = 0; i < 6; ++i) {
+      const Batch2& b = batches[i % 2];
+      m.forward_backward_async(b.tokens.data(), b.targets.data(), c.micro_batch, c.seq_len, 0.5f, 0, nullptr,
+                               i % 2 == 0 ? GradWrite::assign : GradWrite::add);
+      (void)m.collect_loss(0);
+    }
+    *launches = m.cuda_graph_launches();
+    return host_grads(m);
+  };
+  std::int64_t eager_launches = -1, graph_launches = -1;
+  const auto eager = run(false, &eager_launches), graphed = run(true, &graph_launches);
+  EXPECT_EQ(eager_launches, 0);
+  EXPECT_EQ(graph_launches, 4) << "calls 3 to 6 must be graph launches, two per write";
+  ASSERT_EQ(eager.size(), graphed.size());
+  EXPECT_EQ(std::memcmp(eager.data(), graphed.data(), eager.size() * sizeof(float)), 0);
 }
 
 // With hooks set, graphs run only when the quiet predicate says the hooks are idle.

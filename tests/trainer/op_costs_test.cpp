@@ -44,6 +44,14 @@ TEST(OpCosts, LinearLayersCostSixFlopsPerParameterPerToken) {
   EXPECT_DOUBLE_EQ(t.at("o_proj").bytes, 2 * (N * mc.heads * D + mc.heads * D * C) + 2 * N * C);
   const auto t2 = op_cost_table(mc, {.grad_bytes = 2, .optimizer_state_in_hbm = false});
   EXPECT_DOUBLE_EQ(t.at("o_proj backward").bytes - t2.at("o_proj backward").bytes, 2 * (4 - 2) * C * mc.heads * D);
+  // A micro-batch that assigns its gradients (GradWrite::assign) does not read them.
+  const auto t0 = op_cost_table(mc, {.grad_bytes = 4, .optimizer_state_in_hbm = false, .grad_read_share = 0});
+  EXPECT_DOUBLE_EQ(t.at("o_proj backward").bytes - t0.at("o_proj backward").bytes, 4 * C * mc.heads * D);
+  EXPECT_DOUBLE_EQ(t.at("expert gate_up grouped GEMM (backward, weights)").bytes -
+                       t0.at("expert gate_up grouped GEMM (backward, weights)").bytes,
+                   4.0 * mc.experts * 2 * mc.expert_ffn * C);
+  EXPECT_DOUBLE_EQ(t.at("expert gate_up grouped GEMM (backward, weights)").flops,
+                   t0.at("expert gate_up grouped GEMM (backward, weights)").flops);
 }
 
 TEST(OpCosts, OptimizerBytesOnlyWhenItsStateIsInHbm) {

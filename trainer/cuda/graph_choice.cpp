@@ -41,7 +41,7 @@ CudaGraphChoice choose_cuda_graphs(CudaGraphsMode mode, const CudaGraphRunFacts&
 
 const char* hooks_busy_reason(const MicroBatchHooks& h) {
   const bool last = h.micro == h.grad_accum - 1;
-  if (h.micro == 0) return "micro-batch 0 waits for the previous update unit by unit and zeroes the gradients";
+  if (h.micro == 0) return "micro-batch 0 waits for the previous update unit by unit";
   if (h.stream_grads) return "every unit's gradients stream to the host after its backward";
   if (h.tracing) return "--trace-kernels attributes every op of the traced step";
   if (last && h.zero1) return "ZeRO-1 reduce-scatters each unit's gradients as the last backward ends";

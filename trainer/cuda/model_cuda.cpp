@@ -259,12 +259,14 @@ struct CudaMoEModel::Impl {
     const void* G = nullptr;
     float loss_scale = 0;
     std::int64_t buffers = -1;  // activation buffer generation (ensure_capacity reallocations)
+    GradWrite write = GradWrite::add;
     bool operator==(const GraphKey&) const = default;
   };
   std::int64_t buffer_generation = 0;
-  // One graph per key, the newest last. Two: the delayed update alternates two weight/gradient
-  // pairs, and recapturing at every step would cost more than the launches save.
-  static constexpr std::size_t kMaxGraphs = 2;
+  // One graph per key, the newest last. Four: the delayed update alternates two weight/gradient
+  // pairs, a step's first micro-batch assigns the gradients and the others add to them, and
+  // recapturing at every step would cost more than the launches save.
+  static constexpr std::size_t kMaxGraphs = 4;
   struct Graph {
     GraphKey key;
     cudaGraph_t graph = nullptr;  // kept: its forward-end node names the node of exec
@@ -278,6 +280,9 @@ struct CudaMoEModel::Impl {
   // The caller's forward-end event for the forward_backward running now (null: none), and the
   // event the capture records in its place (each launch points the node at the caller's).
   cudaEvent_t fwd_end_event = nullptr;
+  // How the forward_backward running now writes the gradients (GradWrite).
+  GradWrite grad_write = GradWrite::add;
+  [[nodiscard]] float grad_beta() const { return grad_write == GradWrite::assign ? 0.0f : 1.0f; }
   cudaEvent_t graph_fwd_placeholder = nullptr;
   std::string graphs_off;  // why a failed capture turned graphs off (cuda_graphs_fall_back)
   std::function<void(const char*, int)> op_hook;  // kernel tracing: told of every op
@@ -646,7 +651,7 @@ struct CudaMoEModel::Impl {
     g.c_type = ct;
     g.ldc = ldc;
     g.stride_c = 3 * d * F;
-    g.beta = 1.0f;
+    g.beta = grad_beta();
     kc::grouped_gemm(g, offsets_of(a), opts.expert_impl, stream);
   }
 
@@ -842,7 +847,7 @@ struct CudaMoEModel::Impl {
     // ---- attention ----
     op("o_proj backward", l);
     gemm(N, HD, d, dresid, false, W + x.wo, false, datt, kc::DType::bf16, 0.0f);
-    gemm(d, HD, N, dresid, true, a.att, false, grad<GT>(x.wo), ct, 1.0f);
+    gemm(d, HD, N, dresid, true, a.att, false, grad<GT>(x.wo), ct, grad_beta());
     op("attention backward", l);
     kc::attention_backward(dqk, dqk + HD, dqkv + QK, datt, a.qk, a.qk + HD, a.qkv + QK, a.att, a.lse,
                            nullptr, att_shape(), opts.attention_impl, stream);
@@ -859,7 +864,7 @@ struct CudaMoEModel::Impl {
     }
     op("q/k/v projection backward", l);
     gemm(N, d, QKV, dqkv, false, W + x.wq, false, dnorm, kc::DType::bf16, 0.0f);
-    gemm(QKV, d, N, dqkv, true, a.ln1, false, grad<GT>(x.wq), ct, 1.0f);
+    gemm(QKV, d, N, dqkv, true, a.ln1, false, grad<GT>(x.wq), ct, grad_beta());
     op("input_layernorm backward", l);
     kc::rmsnorm_backward(dresid, grad<GT>(x.ln1), dnorm, a.resid, W + x.ln1, a.ln1_rstd, N, di, stream);
   }
@@ -873,7 +878,25 @@ struct CudaMoEModel::Impl {
     out.valid = valid;
     kc::lm_head_ce_forward_backward(out, dnorm, grad<GT>(head), lnf, W + head, targets, N,
                                     static_cast<int>(d), static_cast<int>(V), loss_scale, kIgnoreIndex,
-                                    ce_chunk, ce_ws, ce_ws_bytes, stream);
+                                    ce_chunk, ce_ws, ce_ws_bytes, stream, grad_beta());
+  }
+
+  // GradWrite::assign: the GEMMs write their weight gradients with beta 0 (the LM head's first,
+  // so a tied embedding's scatter then adds to it); what kernels accumulate into with atomics is
+  // zeroed here: per layer q/k norm and router, and the two RMSNorms; the final norm; an untied
+  // embedding.
+  template <class GT>
+  void clear_accumulated_grads() {
+    op("zero gradients");
+    auto zero = [&](std::size_t begin, std::size_t end) {
+      GHT_CUDA_TRY(cudaMemsetAsync(grad<GT>(begin), 0, (end - begin) * sizeof(GT), stream));
+    };
+    for (const LayerOff& x : lo) {
+      zero(x.q_norm, x.expert0);  // q_norm, k_norm, router
+      zero(x.ln1, x.end);         // input_layernorm, post_attention_layernorm
+    }
+    zero(final_norm, final_norm + static_cast<std::size_t>(d));
+    if (!cfg.tied_embeddings) zero(embed, embed + static_cast<std::size_t>(V * d));
   }
 
   // ---- loss slots ----
@@ -892,9 +915,11 @@ struct CudaMoEModel::Impl {
     trunk(losses);
     if (with_backward) {
       if (opts.grad_type == optimizer::GradType::fp32) {
+        if (grad_write == GradWrite::assign) clear_accumulated_grads<float>();
         head_forward_backward<float>(loss_scale, ce_loss, valid);
         backward_body<float>(loss_scale);
       } else {
+        if (grad_write == GradWrite::assign) clear_accumulated_grads<bf16>();
         head_forward_backward<bf16>(loss_scale, ce_loss, valid);
         backward_body<bf16>(loss_scale);
       }
@@ -926,7 +951,7 @@ struct CudaMoEModel::Impl {
   // compute() into graph_slot as a graph launch: replayed when captured for this key, captured
   // (then launched) when the key ran eagerly before, else run eagerly once.
   void run_graph(float loss_scale) {
-    const GraphKey key{B, T, W, G, loss_scale, buffer_generation};
+    const GraphKey key{B, T, W, G, loss_scale, buffer_generation, grad_write};
     Graph* g = nullptr;
     for (Graph& x : graphs) {
       if (x.key == key) g = &x;
@@ -1009,14 +1034,18 @@ struct CudaMoEModel::Impl {
   }
 
   void run_forward(const std::int32_t* tok, const std::int32_t* tgt, int B_, int T_, int slot,
-                   bool with_backward, float loss_scale, cudaEvent_t forward_end) {
+                   bool with_backward, float loss_scale, cudaEvent_t forward_end, GradWrite write) {
     check_slot(slot);
     has_forward = false;
-    struct ForwardEnd {  // the caller's event for this call only
-      cudaEvent_t& e;
-      ~ForwardEnd() { e = nullptr; }
-    } fwd_end_scope{fwd_end_event};
+    struct CallScope {  // the caller's event and gradient write, for this call only
+      Impl& m;
+      ~CallScope() {
+        m.fwd_end_event = nullptr;
+        m.grad_write = GradWrite::add;
+      }
+    } call_scope{*this};
     fwd_end_event = forward_end;
+    grad_write = write;
     upload_inputs(tok, tgt, B_, T_);
     char* sd = slot_d(slot);
     if (with_backward && graph_usable()) {
@@ -1230,13 +1259,14 @@ Loss CudaMoEModel::forward_backward(const std::int32_t* tokens, const std::int32
 void CudaMoEModel::forward_async(const std::int32_t* tokens, const std::int32_t* targets, int B, int T,
                                  int slot) {
   GHT_EXPECTS(targets != nullptr, "model forward: targets are required");
-  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, false, 0.0f, nullptr); });
+  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, false, 0.0f, nullptr, GradWrite::add); });
 }
 
 void CudaMoEModel::forward_backward_async(const std::int32_t* tokens, const std::int32_t* targets, int B,
-                                          int T, float loss_scale, int slot, cudaEvent_t forward_end) {
+                                          int T, float loss_scale, int slot, cudaEvent_t forward_end,
+                                          GradWrite write) {
   GHT_EXPECTS(targets != nullptr, "model forward: targets are required");
-  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, true, loss_scale, forward_end); });
+  impl_->guarded([&] { impl_->run_forward(tokens, targets, B, T, slot, true, loss_scale, forward_end, write); });
 }
 
 Loss CudaMoEModel::collect_loss(int slot) {

@@ -49,6 +49,14 @@
 
 namespace ght::trainer {
 
+/// How a backward writes the gradient buffer. `add`: grads += this micro-batch's gradient (the
+/// contract of backward()). `assign`: grads = this micro-batch's gradient, whatever the buffer
+/// held (garbage and NaN included), the same values as zero_grad() then `add` (up to the sign of
+/// a zero) without the memset, and without the weight-gradient GEMMs reading their accumulators:
+/// the first micro-batch of a step. Only the few small tensors that kernels accumulate into with
+/// atomics (the norms, the routers, an untied embedding) are cleared first, by the model.
+enum class GradWrite { add, assign };
+
 struct CudaModelOptions {
   /// Where every device byte (weights, gradients, activations, scratch) comes from: HBM of this
   /// allocator, never spilled. Null: alloc::make_default_tiered_allocator().
@@ -207,8 +215,10 @@ class CudaMoEModel {
   /// `forward_end` (optional, a timing event of the caller's): recorded on stream() after the
   /// last layer's forward and the final unit's before_unit_forward hook, before the final norm
   /// and the LM head, in eager runs and in graph replays alike (there an event record node).
+  /// `write`: add to the gradients (the default) or assign them (GradWrite).
   void forward_backward_async(const std::int32_t* tokens, const std::int32_t* targets, int B,
-                              int T, float loss_scale, int slot, cudaEvent_t forward_end = nullptr);
+                              int T, float loss_scale, int slot, cudaEvent_t forward_end = nullptr,
+                              GradWrite write = GradWrite::add);
   [[nodiscard]] Loss collect_loss(int slot);
 
   /**

@@ -1,6 +1,7 @@
 // The per-call cost of every op of a CUDA training step (see op_costs.hpp). Each entry names the
 // kernels behind its label in model_cuda.cpp; bytes are the minimum traffic (every operand read
-// once, every result written once; an accumulated result is read and written).
+// once, every result written once; an accumulated result is read and written; a weight gradient
+// is read in grad_read_share of the calls, the mean over a step's micro-batches).
 #include "trainer/cuda/op_costs.hpp"
 
 #include <algorithm>
@@ -9,10 +10,10 @@ namespace ght::trainer {
 
 namespace {
 
-// A GEMM C(m, n) = A(m, k)·B(k, n) with bf16 operands and c_bytes-sized C, accumulated into C
-// (β = 1: C is read too) or not: kernels/cuda/README.md's dense GEMM row.
-OpCost gemm(double m, double n, double k, double c_bytes, bool accumulate) {
-  return {2 * m * n * k, 2 * (m * k + k * n) + c_bytes * m * n * (accumulate ? 2 : 1)};
+// A GEMM C(m, n) = A(m, k)·B(k, n) with bf16 operands and c_bytes-sized C, read first (β = 1) in
+// a `reads` share of the calls: kernels/cuda/README.md's dense GEMM row.
+OpCost gemm(double m, double n, double k, double c_bytes, double reads) {
+  return {2 * m * n * k, 2 * (m * k + k * n) + c_bytes * m * n * (1 + reads)};
 }
 
 OpCost operator+(OpCost a, OpCost b) { return {a.flops + b.flops, a.bytes + b.bytes}; }
@@ -24,6 +25,7 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   const double H = mc.heads, KV = mc.kv_heads, D = mc.head_dim, E = mc.experts, K = mc.top_k;
   const double F = mc.expert_ffn, R = N * K, QKV = (H + 2 * KV) * D, HD = H * D;
   const double G = in.grad_bytes, P = static_cast<double>(mc.total_params());
+  const double Gw = G * (1 + in.grad_read_share);  // bytes per weight-gradient element and call
   const double heads_qk = (H + KV) * D;  // q and k rows of one token, normed and rotated
   const OpCost none{0, 0};
   // Gather (permute), its backward and the weighted combine: R rows of C on one side, N on the
@@ -37,9 +39,11 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["expert offsets download"] = none;  // a stream sync and a few bytes: its cost is the wait
   t["loss copy"] = none;
   t["loss readback"] = none;
+  // zero_grad(), and in training GradWrite::assign's clearing of the few atomic accumulators.
+  t["zero gradients"] = none;
   // Outside training steps (loading, checkpoints, logits for sampling): listed so that every
   // label of the model is known.
-  for (const char* op : {"weight upload", "weight download", "gradient download", "zero gradients",
+  for (const char* op : {"weight upload", "weight download", "gradient download",
                          "allocate logits buffer", "logits GEMM", "routing download",
                          // CUDA graphs run untraced (a tracer turns them off): labels only.
                          "CUDA graph capture", "CUDA graph launch"}) {
@@ -49,10 +53,10 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["embedding forward"] = {0, 4 * N * C};
   t["input_layernorm"] = {4 * N * C, 4 * N * C};
   t["recompute: input_layernorm"] = t["input_layernorm"];
-  t["q/k/v projection"] = gemm(N, QKV, C, 2, false);
+  t["q/k/v projection"] = gemm(N, QKV, C, 2, 0);
   t["q/k RMSNorm + RoPE"] = {12 * N * heads_qk, 4 * N * heads_qk};
   t["attention forward"] = {2 * B * H * T * T * D, 4 * B * T * (H + KV) * D + 4 * B * H * T};  // causal
-  t["o_proj"] = gemm(N, C, HD, 2, false);
+  t["o_proj"] = gemm(N, C, HD, 2, 0);
   // Residual add fused with the norm: reads x and the residual, writes the sum and the normed.
   const OpCost fused_norm{4 * N * C, 8 * N * C};
   t["residual add + post_attention_layernorm"] = fused_norm;
@@ -72,7 +76,7 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   // Logits chunk written, read, dlogits written (2·N·V each); x and W read, dx written, dW
   // accumulated (tied embedding: the gradient is the embedding's).
   t["LM head + cross-entropy (forward and backward)"] = {6 * N * V * C,
-                                                         6 * N * V + 4 * N * C + 2 * V * C + 2 * G * V * C};
+                                                         6 * N * V + 4 * N * C + 2 * V * C + Gw * V * C};
   // ---- backward ----
   t["final norm backward"] = {10 * N * C, 10 * N * C};  // 8NC + the 2NC memset of dresid
   // U distinct token ids, at most min(N, V): their rows of the gradient are accumulated.
@@ -82,11 +86,11 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["un-permute backward"] = {0, 2 * (N + 2 * R) * C + 8 * R};
   t["expert down_proj grouped GEMM (backward, data)"] = {2 * R * F * C, 2 * (R * C + E * F * C) + 2 * R * F};
   // var-K: each expert's (m, n) weight gradient accumulated over its rows.
-  t["expert down_proj grouped GEMM (backward, weights)"] = {2 * C * F * R, 2 * R * (C + F) + 2 * G * E * C * F};
+  t["expert down_proj grouped GEMM (backward, weights)"] = {2 * C * F * R, 2 * R * (C + F) + Gw * E * C * F};
   t["SwiGLU backward"] = {10 * R * F, 10 * R * F};
   t["permute (re-gather for the weight gradient)"] = gather;
   t["expert gate_up grouped GEMM (backward, weights)"] = {2 * 2 * F * C * R,
-                                                          2 * R * (2 * F + C) + 2 * G * E * 2 * F * C};
+                                                          2 * R * (2 * F + C) + Gw * E * 2 * F * C};
   t["expert gate_up grouped GEMM (backward, data)"] = {2 * R * C * 2 * F, 2 * (R * 2 * F + E * C * 2 * F) + 2 * R * C};
   t["permute backward"] = gather;
   // Two GEMMs on bf16 dlogits (dx accumulated into the norm's gradient, dW), softmax backward.
@@ -94,12 +98,11 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   const OpCost norm_bwd{10 * N * C, 8 * N * C};
   t["post_attention_layernorm backward"] = norm_bwd;
   t["input_layernorm backward"] = norm_bwd;
-  t["o_proj backward"] = gemm(N, HD, C, 2, false) + gemm(C, HD, N, G, true);
+  t["o_proj backward"] = gemm(N, HD, C, 2, 0) + gemm(C, HD, N, G, in.grad_read_share);
   t["attention backward"] = {5 * B * H * T * T * D, 8 * B * T * (H + KV) * D + 4 * B * H * T};  // ≈2.5× forward
   t["q/k RMSNorm + RoPE backward"] = {20 * N * heads_qk, 8 * N * heads_qk};
-  t["q/k/v projection backward"] = gemm(N, C, QKV, 2, false) + gemm(QKV, C, N, G, true);
+  t["q/k/v projection backward"] = gemm(N, C, QKV, 2, 0) + gemm(QKV, C, N, G, in.grad_read_share);
   // ---- the step around the model ----
-  t[kOpZeroGrads] = none;  // a memset per unit, of the unit's size
   t[kOpGradStream] = none;  // link traffic
   t[kOpSpeculate] = none;   // a part of the update, of varying size
   // Once per step over every parameter: the norm reads the gradients; the update reads the

@@ -35,7 +35,6 @@ struct Roofline {
 };
 
 /// Labels of the step's work outside the model's ops (train_cuda.cpp sets them while tracing).
-inline constexpr const char* kOpZeroGrads = "zero gradients (per unit)";
 inline constexpr const char* kOpGradStream = "gradient stream to the host accumulator";
 inline constexpr const char* kOpSpeculate = "optimizer: update during backward (speculative)";
 inline constexpr const char* kOpGradNorm = "optimizer: grad norm + clip (begin_step)";
@@ -54,6 +53,10 @@ struct OpCostInputs {
   /// Every optimizer region's master/m/v is in HBM (device path): the update's bytes are HBM
   /// traffic. Otherwise its bytes cross the link and get no formula.
   bool optimizer_state_in_hbm = false;
+  /// Of the weight-gradient GEMM calls, the share that adds to the gradients (reads them before
+  /// writing): (A − 1)/A for A micro-batches per step, whose first assigns them (GradWrite); 0
+  /// when every micro-batch assigns (gradients streamed to the host); 1 for backward() alone.
+  double grad_read_share = 1.0;
 };
 
 /**

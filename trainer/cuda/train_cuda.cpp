@@ -604,7 +604,7 @@ void CudaRun::setup() {
       (graphs.on ? "on: micro-batches 1.." + std::to_string(mc.grad_accum - 1) +
                        " of each step replay one captured graph of forward, LM head and backward where the "
                        "step's hooks have nothing to do (bit-identical); micro-batch 0 runs eagerly (it waits for "
-                       "the previous update unit by unit and zeroes the gradients), and so does any other whose "
+                       "the previous update unit by unit), and so does any other whose "
                        "hooks act (each reason is noted once)"
                  : "off: " + graphs.why_off));
   say(mfu_formula_);
@@ -713,15 +713,6 @@ void CudaRun::before_unit_forward(int u) {
     // Every unit's update is recorded now: the timing thread is done (or nearly), and must be
     // before this step's speculation hands the worker new jobs for the same regions.
     if (u == model_->num_units() - 1) join_timer();
-  }
-  if (training_ && (micro_ == 0 || stream_grads_)) {
-    // This unit's gradients were read by the last update (waited for above): clear them now
-    // instead of all at once at the start of the step, which would wait for the whole update.
-    const auto [a, e] = unit_range_[uu];
-    const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
-    hooks_acted_ = true;
-    if (tracer_) tracer_->set_op(kOpZeroGrads);
-    GHT_CUDA_TRY(cudaMemsetAsync(static_cast<char*>(model_->grads()) + a * gsize, 0, (e - a) * gsize, s));
   }
   // The forward's end (the profile's forward/backward split) is recorded by the model itself,
   // graph replays included (forward_backward_async's forward_end).
@@ -992,6 +983,9 @@ void CudaRun::end_trace(std::int64_t step_no) {
   OpCostInputs in;
   in.grad_bytes = static_cast<int>(optimizer::grad_type_size(model_->grad_type()));
   in.optimizer_state_in_hbm = state_in_hbm_;
+  // The step's first micro-batch assigns the gradients (all of them do when they stream).
+  const double A = mc.grad_accum;
+  in.grad_read_share = stream_grads_ ? 0.0 : (A - 1) / A;
   const KernelBreakdown b = make_kernel_breakdown(acts, w, op_cost_table(mc, in));
   const std::string gemm(kernels::cuda::to_string(model_->options().expert_impl));
   const std::string attention(kernels::cuda::to_string(model_->attention_used()));
@@ -1072,8 +1066,13 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     const auto mm = static_cast<std::size_t>(micro_);
     cur_->fwd_start[mm].record(s);
     pending_unit_ = -1;
+    // The step's first micro-batch (every one, when they stream to the host) assigns the
+    // gradients instead of adding to them: no memset, and no accumulator reads in the weight-
+    // gradient GEMMs. Its backward runs after its forward, which waited above for the last
+    // update to read them.
+    const GradWrite write = micro_ == 0 || stream_grads_ ? GradWrite::assign : GradWrite::add;
     model_->forward_backward_async(mb.inputs.data(), mb.targets.data(), B, T, 1.0f / static_cast<float>(A),
-                                   micro_ % kSlots, cur_->fwd_end[mm].get());
+                                   micro_ % kSlots, cur_->fwd_end[mm].get(), write);
     // An eager run of a quiet micro-batch (a graph's first, or graphs off) called the hooks.
     GHT_EXPECTS(!(quiet_now_ && hooks_acted_),
                 "train (cuda): the step's hooks acted in micro-batch " + std::to_string(micro_) +
