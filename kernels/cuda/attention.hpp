@@ -33,7 +33,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace ght::kernels::cuda {
 
@@ -106,6 +108,32 @@ bool cudnn_frontend_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __n
                                        bool throw_on_failure);
 void cudnn_frontend_attention_release_locked();  ///< with detail::cudnn_attention_mutex() held
 bool cudnn_frontend_attention_compiled();         ///< false when built without cudnn-frontend
+
+/// The buffers of one attention call, forward (q, k, v, out, lse) or backward (all of them).
+struct AttentionTensors {
+  const __nv_bfloat16 *q = nullptr, *k = nullptr, *v = nullptr;
+  __nv_bfloat16* out = nullptr;
+  float* lse = nullptr;
+  const __nv_bfloat16* dout = nullptr;
+  __nv_bfloat16 *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+/// One engine configuration of a survey: cuDNN's name for it (engine and knobs) and its median
+/// time, or ms < 0 with `error` when it did not build or run.
+struct CudnnPlanTiming {
+  std::string name, error;
+  double ms = -1;
+};
+/**
+ * @brief A measurement aid (bench/kernels/bench_attention_plans.cpp): every engine
+ * configuration cudnn-frontend offers for the forward or backward of `s` (heuristics mode A,
+ * BuildPlanPolicy_t::ALL, in the heuristics' order: index 0 is the one the cudnn path runs),
+ * each run on `t` and timed (median of `iters` after a warm-up). Synchronises `stream`.
+ * @throws ght::logic_error in a build without cudnn-frontend; ght::cuda_error when no
+ *         configuration builds
+ */
+std::vector<CudnnPlanTiming> cudnn_frontend_attention_plan_times(bool backward, const AttentionTensors& t,
+                                                                 const AttentionShape& s, int iters,
+                                                                 cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace ght::kernels::cuda

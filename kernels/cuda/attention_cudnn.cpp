@@ -556,5 +556,9 @@ bool cudnn_frontend_attention_backward(__nv_bfloat16*, __nv_bfloat16*, __nv_bflo
   return false;
 }
 void cudnn_frontend_attention_release_locked() {}
+std::vector<CudnnPlanTiming> cudnn_frontend_attention_plan_times(bool, const AttentionTensors&, const AttentionShape&,
+                                                                 int, cudaStream_t) {
+  GHT_FAIL("attention: this build has no cudnn-frontend");
+}
 }  // namespace ght::kernels::cuda::detail
 #endif

@@ -9,6 +9,7 @@
 // Compiled only when CMake found the cudnn-frontend headers (kernels/CMakeLists.txt).
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "kernels/cuda/attention.hpp"
 #include "kernels/cuda/detail/cudnn_attention.hpp"
 #include "kernels/cuda/scratch.hpp"
+#include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
 
 namespace ght::kernels::cuda::detail {
@@ -68,7 +70,8 @@ TensorPtr stats_view(const TensorPtr& t, const CudnnAttentionKey& s) {
 
 float scale_of(const CudnnAttentionKey& s) { return 1.0f / std::sqrt(static_cast<float>(s.D)); }
 
-std::shared_ptr<Built> build(const CudnnAttentionKey& s, cudnnHandle_t handle) {
+// The graph of `s`, not built yet.
+std::shared_ptr<Graph> make_graph(const CudnnAttentionKey& s) {
   auto g = std::make_shared<Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -101,6 +104,11 @@ std::shared_ptr<Built> build(const CudnnAttentionKey& s, cudnnHandle_t handle) {
     output(dk, kdK, s, s.KV, s.k_row);
     output(dv, kdV, s, s.KV, s.v_row);
   }
+  return g;
+}
+
+std::shared_ptr<Built> build(const CudnnAttentionKey& s, cudnnHandle_t handle) {
+  auto g = make_graph(s);
   check(g->build(handle, {fe::HeurMode_t::A}), "graph build");
   auto b = std::make_shared<Built>();
   check(g->get_workspace_size(b->workspace), "workspace size");
@@ -168,5 +176,52 @@ bool cudnn_frontend_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __n
 }
 
 void cudnn_frontend_attention_release_locked() { graphs().clear(); }
+
+std::vector<CudnnPlanTiming> cudnn_frontend_attention_plan_times(bool backward, const AttentionTensors& t,
+                                                                 const AttentionShape& sh, int iters,
+                                                                 cudaStream_t stream) {
+  GHT_EXPECTS(iters > 0, "cudnn_frontend_attention_plan_times: iters must be > 0");
+  const int dev = cudnn_current_device();
+  std::lock_guard<std::mutex> lock(cudnn_attention_mutex());
+  cudnnHandle_t h = cudnn_handle_locked(dev);
+  auto g = make_graph(CudnnAttentionKey::of(dev, backward, sh));
+  check(g->build(h, {fe::HeurMode_t::A}, fe::BuildPlanPolicy_t::ALL), "graph build (every plan)");
+  if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS)
+    throw ght::cuda_error("cudnn-frontend attention: cudnnSetStream failed");
+  auto bf = [](const __nv_bfloat16* p) { return static_cast<void*>(const_cast<__nv_bfloat16*>(p)); };
+  std::unordered_map<Uid, void*> pack = {{kQ, bf(t.q)}, {kK, bf(t.k)}, {kV, bf(t.v)}, {kO, t.out}, {kStats, t.lse}};
+  if (backward) pack.insert({{kdO, bf(t.dout)}, {kdQ, t.dq}, {kdK, t.dk}, {kdV, t.dv}});
+  cudaEvent_t a = nullptr, b = nullptr;
+  GHT_CUDA_TRY(cudaEventCreate(&a));
+  GHT_CUDA_TRY(cudaEventCreate(&b));
+  std::vector<CudnnPlanTiming> out;
+  for (std::int64_t i = 0; i < g->get_execution_plan_count(); ++i) {
+    CudnnPlanTiming p;
+    (void)g->get_plan_name_at_index(i, p.name);
+    std::int64_t ws_bytes = 0;
+    fe::error_t st = g->get_workspace_size_plan_at_index(i, ws_bytes);
+    void* ws = st.is_good() && ws_bytes > 0 ? stream_scratch(stream, static_cast<std::size_t>(ws_bytes)) : nullptr;
+    std::vector<double> ms;
+    for (int r = 0; st.is_good() && r <= iters; ++r) {  // run 0 is the warm-up
+      GHT_CUDA_TRY(cudaEventRecord(a, stream));
+      st = g->execute_plan_at_index(h, pack, ws, i);
+      GHT_CUDA_TRY(cudaEventRecord(b, stream));
+      GHT_CUDA_TRY(cudaEventSynchronize(b));
+      float e = 0;
+      GHT_CUDA_TRY(cudaEventElapsedTime(&e, a, b));
+      if (r > 0) ms.push_back(e);
+    }
+    if (st.is_good()) {
+      std::sort(ms.begin(), ms.end());
+      p.ms = ms[ms.size() / 2];
+    } else {
+      p.error = st.get_message();
+    }
+    out.push_back(std::move(p));
+  }
+  (void)cudaEventDestroy(a);
+  (void)cudaEventDestroy(b);
+  return out;
+}
 
 }  // namespace ght::kernels::cuda::detail
