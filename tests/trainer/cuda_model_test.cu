@@ -82,6 +82,15 @@ void round_params_to_bf16(MoEModel<float>& m) {
   for (float& x : m.params()) x = optimizer::bf16_bits_to_float(optimizer::float_to_bf16_bits(x));
 }
 
+// The CPU model's init for `seed`, rounded to bf16: the weights a GPU-only test loads.
+std::vector<float> rounded_init(const ModelConfig& c, std::uint64_t seed) {
+  MoEModel<float> cpu(c);
+  cpu.init(seed);
+  round_params_to_bf16(cpu);
+  const auto p = cpu.params();
+  return {p.begin(), p.end()};
+}
+
 struct Cmp {
   double rel_l2 = 0, cosine = 0;
 };
@@ -454,9 +463,7 @@ TEST(CudaModel, AssignedGradientsEqualZeroedThenAdded) {
     ModelConfig c = test_config(1);
     c.experts = 64;
     c.tied_embeddings = tied;
-    MoEModel<float> cpu(c);
-    cpu.init(12);
-    round_params_to_bf16(cpu);
+    const std::vector<float> w = rounded_init(c, 12);
     const Batch2 b1 = random_batch(c, 51), b2 = random_batch(c, 52);
     for (const kc::GroupedGemmImpl impl : impls) {
       for (const optimizer::GradType gt : {optimizer::GradType::fp32, optimizer::GradType::bf16}) {
@@ -472,7 +479,7 @@ TEST(CudaModel, AssignedGradientsEqualZeroedThenAdded) {
             o.grad_type = gt;
             o.ce_chunk_rows = chunk;
             CudaMoEModel m(c, std::move(o));
-            m.load_weights(cpu.params());
+            m.load_weights(w);
             if (first == GradWrite::add) {
               m.zero_grad();
             } else {
@@ -514,16 +521,14 @@ TEST(CudaModel, AssignedGradientsEqualZeroedThenAdded) {
 TEST(CudaModel, CudaGraphsKeepAssignAndAddApart) {
   GHT_REQUIRE_GPU();
   const ModelConfig c = test_config(2);
-  MoEModel<float> cpu(c);
-  cpu.init(14);
-  round_params_to_bf16(cpu);
+  const std::vector<float> w = rounded_init(c, 14);
   const Batch2 batches[] = {random_batch(c, 61), random_batch(c, 62)};
   auto run = [&](bool graphs, std::int64_t* launches) {
     CudaModelOptions o;
     o.attention_impl = kernels::cuda::AttentionImpl::fallback;
     o.cuda_graphs = graphs;
     CudaMoEModel m(c, std::move(o));
-    m.load_weights(cpu.params());
+    m.load_weights(w);
     // Three steps of two micro-batches: warm-up, capture, replay for each write.
     for (int i = 0; i < 6; ++i) {
       const Batch2& b = batches[i % 2];
