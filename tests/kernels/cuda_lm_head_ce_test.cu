@@ -47,11 +47,14 @@ struct Case {
 const Case kCases[] = {{300, 64, 1000, 128, 0.1}, {77, 72, 517, 32, 0.3},  {64, 64, 2048, 1000, 0.0},
                        {20, 64, 96, 8, 1.0},      {333, 96, 1031, 333, 0.1}, {1000, 128, 4104, 1000, 0.05}};
 
+// dw_beta 1: dW accumulates onto dw0; 0: dW is assigned, so the device dW starts as NaN bytes
+// and the reference's at zero.
 template <typename DW>
-void run_case(const Case& cs, std::uint32_t seed) {
+void run_case(const Case& cs, std::uint32_t seed, float dw_beta = 1.0f) {
   SCOPED_TRACE(::testing::Message() << "N=" << cs.n << " C=" << cs.c << " V=" << cs.v << " chunk="
                                     << cs.chunk << " ignore=" << cs.ignore_frac
-                                    << " dw=" << (sizeof(DW) == 4 ? "f32" : "bf16"));
+                                    << " dw=" << (sizeof(DW) == 4 ? "f32" : "bf16") << " dw_beta=" << dw_beta);
+  const bool assign = dw_beta == 0.0f;
   const std::int64_t N = cs.n;
   const int C = cs.c, V = cs.v;
   const auto x = random_bf16_values(N * C, seed);
@@ -59,7 +62,7 @@ void run_case(const Case& cs, std::uint32_t seed) {
   const auto dw0 = random_bf16_values(static_cast<std::int64_t>(V) * C, seed + 2, -0.01f, 0.01f);
   const auto tg = random_targets(N, V, seed + 3, cs.ignore_frac);
   const float dloss = 1.5f;
-  std::vector<float> lse(N), dx(N * C), dw = dw0;
+  std::vector<float> lse(N), dx(N * C), dw = assign ? std::vector<float>(dw0.size(), 0.0f) : dw0;
   const auto res = cpu::lm_head_ce_forward<float>(lse.data(), x.data(), w.data(), tg.data(), N, C,
                                                   V, cpu::kIgnoreIndex, 64);
   cpu::lm_head_ce_backward<float>(dx.data(), dw.data(), x.data(), w.data(), tg.data(), lse.data(),
@@ -81,16 +84,18 @@ void run_case(const Case& cs, std::uint32_t seed) {
   std::vector<float> got_dw;
   if constexpr (sizeof(DW) == 4) {
     DeviceBuffer<float> d_dw(dw0);
+    if (assign) d_dw.poison(0xff);
     kc::lm_head_ce_forward_backward(out, d_dx.get(), d_dw.get(), d_x.get(), d_w.get(), d_tg.get(),
                                     N, C, V, dloss, kc::kCeIgnoreIndex, cs.chunk, ws.get(),
-                                    ws_bytes, stream.get());
+                                    ws_bytes, stream.get(), dw_beta);
     stream.sync();
     got_dw = d_dw.download();
   } else {
     auto d_dw = upload_bf16(dw0);
+    if (assign) d_dw.poison(0xff);
     kc::lm_head_ce_forward_backward(out, d_dx.get(), d_dw.get(), d_x.get(), d_w.get(), d_tg.get(),
                                     N, C, V, dloss, kc::kCeIgnoreIndex, cs.chunk, ws.get(),
-                                    ws_bytes, stream.get());
+                                    ws_bytes, stream.get(), dw_beta);
     stream.sync();
     got_dw = download_f32(d_dw);
   }
@@ -108,7 +113,7 @@ void run_case(const Case& cs, std::uint32_t seed) {
   EXPECT_NEAR(loss, res.loss, 5e-3 + 2e-3 * std::fabs(res.loss));
   EXPECT_EQ(d_loss2.download()[0], loss);  // same kernels, same order: bit-identical
   EXPECT_TRUE(all_close("lse", d_lse.download(), lse, 5e-3f, 2e-3f));
-  const float sdx = std::max(max_abs(dx), 1e-6f), sdw = std::max(max_abs(sub(dw, dw0)), 1e-6f);
+  const float sdx = std::max(max_abs(dx), 1e-6f), sdw = std::max(max_abs(assign ? dw : sub(dw, dw0)), 1e-6f);
   EXPECT_TRUE(all_close("dx", download_f32(d_dx), dx, 2e-2f * sdx, 2e-2f));
   EXPECT_TRUE(all_close("dw", got_dw, dw, 2e-2f * sdw, sizeof(DW) == 4 ? 1e-3f : 8e-3f));
 }
@@ -123,6 +128,34 @@ TEST(CudaLmHeadCe, ForwardBackwardMatchCpuBf16Dw) {
   GHT_REQUIRE_GPU();
   run_case<bf16>(kCases[0], 500);
   run_case<bf16>(kCases[4], 600);  // one chunk: the bf16 dW rounds once instead of per chunk
+}
+
+// dw_beta 0 (GradWrite::assign, a training step's first micro-batch): a dW of NaN bytes comes out
+// as the gradient alone, over several chunks (only the first assigns), one chunk, all targets
+// ignored, and a bf16 dW; with no rows it comes out zero; other betas are refused.
+TEST(CudaLmHeadCe, DwBetaZeroAssignsTheGradient) {
+  GHT_REQUIRE_GPU();
+  run_case<float>(kCases[0], 700, 0.0f);
+  run_case<float>(kCases[4], 710, 0.0f);
+  run_case<float>(kCases[3], 720, 0.0f);
+  run_case<bf16>(kCases[1], 730, 0.0f);
+  const int C = 64, V = 96;
+  TestStream stream;
+  DeviceBuffer<float> d_dw(static_cast<std::size_t>(V) * C), d_loss(1);
+  DeviceBuffer<std::int32_t> d_valid(1);
+  DeviceBuffer<bf16> d_w(static_cast<std::size_t>(V) * C);
+  d_dw.poison(0xff);
+  kc::CeOutputs out;
+  out.loss = d_loss.get();
+  out.valid = d_valid.get();
+  kc::lm_head_ce_forward_backward(out, nullptr, d_dw.get(), nullptr, d_w.get(), nullptr, 0, C, V, 1.0f,
+                                  kc::kCeIgnoreIndex, 8, nullptr, 0, stream.get(), 0.0f);
+  stream.sync();
+  EXPECT_TRUE(all_close("dw", d_dw.download(), std::vector<float>(static_cast<std::size_t>(V) * C, 0.0f), 0.0f, 0.0f));
+  EXPECT_EQ(d_valid.download()[0], 0);
+  EXPECT_THROW(kc::lm_head_ce_forward_backward(out, nullptr, d_dw.get(), nullptr, d_w.get(), nullptr, 0, C, V,
+                                               1.0f, kc::kCeIgnoreIndex, 8, nullptr, 0, stream.get(), 0.5f),
+               ght::logic_error);
 }
 
 TEST(CudaLmHeadCe, BadTargetsAreReported) {
