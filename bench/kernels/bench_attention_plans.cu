@@ -65,12 +65,7 @@ int main(int argc, char** argv) {
       fill(k, nk, 2);
       fill(v, nk, 3);
       fill(d_o, nq, 4);
-      kc::AttentionShape sh;
-      sh.B = s.B;
-      sh.T = s.T;
-      sh.H = s.H;
-      sh.KV = s.KV;
-      sh.D = s.D;
+      const kc::AttentionShape sh{s.B, s.T, s.H, s.KV, s.D};  // packed rows
       (void)kc::attention_forward(o, lse, q, k, v, nullptr, sh, kc::AttentionImpl::cudnn, stream);
       const kc::detail::AttentionTensors t{q, k, v, o, lse, d_o, dq, dk, dv};
       const double fwd_flops = 2.0 * s.B * s.H * static_cast<double>(s.T) * s.T * s.D;

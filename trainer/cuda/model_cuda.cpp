@@ -899,6 +899,15 @@ struct CudaMoEModel::Impl {
     if (!cfg.tied_embeddings) zero(embed, embed + static_cast<std::size_t>(V * d));
   }
 
+  // The LM head (with the loss) and the backward of every layer, writing the gradients as
+  // grad_write says.
+  template <class GT>
+  void head_and_body_backward(float loss_scale, float* ce_loss, std::int32_t* valid) {
+    if (grad_write == GradWrite::assign) clear_accumulated_grads<GT>();
+    head_forward_backward<GT>(loss_scale, ce_loss, valid);
+    backward_body<GT>(loss_scale);
+  }
+
   // ---- loss slots ----
   char* slot_d(int s) { return slot_dev + static_cast<std::size_t>(s) * slot_bytes; }
   char* slot_h(int s) { return slot_host.as<char>() + static_cast<std::size_t>(s) * slot_bytes; }
@@ -915,13 +924,9 @@ struct CudaMoEModel::Impl {
     trunk(losses);
     if (with_backward) {
       if (opts.grad_type == optimizer::GradType::fp32) {
-        if (grad_write == GradWrite::assign) clear_accumulated_grads<float>();
-        head_forward_backward<float>(loss_scale, ce_loss, valid);
-        backward_body<float>(loss_scale);
+        head_and_body_backward<float>(loss_scale, ce_loss, valid);
       } else {
-        if (grad_write == GradWrite::assign) clear_accumulated_grads<bf16>();
-        head_forward_backward<bf16>(loss_scale, ce_loss, valid);
-        backward_body<bf16>(loss_scale);
+        head_and_body_backward<bf16>(loss_scale, ce_loss, valid);
       }
     } else {
       op("LM head + cross-entropy (forward)");
@@ -1086,19 +1091,15 @@ struct CudaMoEModel::Impl {
     return l;
   }
 
+  // forward() computed the loss only: the LM head runs again with its gradient (GradWrite::add,
+  // as outside forward_backward).
   void run_backward(float loss_scale) {
     GHT_EXPECTS(has_forward, "model backward: call forward() first (logits() does not count)");
     if (opts.grad_type == optimizer::GradType::fp32) {
-      run_backward_t<float>(loss_scale);
+      head_and_body_backward<float>(loss_scale, nullptr, nullptr);
     } else {
-      run_backward_t<bf16>(loss_scale);
+      head_and_body_backward<bf16>(loss_scale, nullptr, nullptr);
     }
-  }
-  template <class GT>
-  void run_backward_t(float loss_scale) {
-    // forward() computed the loss only: the LM head runs again with its gradient.
-    head_forward_backward<GT>(loss_scale, nullptr, nullptr);
-    backward_body<GT>(loss_scale);
   }
 };
 

@@ -286,6 +286,13 @@ class CudaRun final : public TrainBackend {
   void after_unit_backward(int u);
   void stream_unit(int u);
   void speculate_unit(int u);
+  // How micro-batch m of a step writes the gradients: the first one (every one, when they stream
+  // to the host) assigns them instead of adding to them: no memset, and no accumulator reads in
+  // the weight-gradient GEMMs. Its backward runs after its forward, which waits for the last
+  // update to have read them.
+  [[nodiscard]] GradWrite grad_write(int m) const {
+    return m == 0 || stream_grads_ ? GradWrite::assign : GradWrite::add;
+  }
   /// --trace-kernels: whether step `step` (steps completed before it) is the last profiled one.
   [[nodiscard]] bool traced_step(std::int64_t step) const;
   void begin_trace();
@@ -983,9 +990,9 @@ void CudaRun::end_trace(std::int64_t step_no) {
   OpCostInputs in;
   in.grad_bytes = static_cast<int>(optimizer::grad_type_size(model_->grad_type()));
   in.optimizer_state_in_hbm = state_in_hbm_;
-  // The step's first micro-batch assigns the gradients (all of them do when they stream).
-  const double A = mc.grad_accum;
-  in.grad_read_share = stream_grads_ ? 0.0 : (A - 1) / A;
+  int adding = 0;
+  for (int m = 0; m < mc.grad_accum; ++m) adding += grad_write(m) == GradWrite::add ? 1 : 0;
+  in.grad_read_share = static_cast<double>(adding) / mc.grad_accum;
   const KernelBreakdown b = make_kernel_breakdown(acts, w, op_cost_table(mc, in));
   const std::string gemm(kernels::cuda::to_string(model_->options().expert_impl));
   const std::string attention(kernels::cuda::to_string(model_->attention_used()));
@@ -1066,13 +1073,8 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     const auto mm = static_cast<std::size_t>(micro_);
     cur_->fwd_start[mm].record(s);
     pending_unit_ = -1;
-    // The step's first micro-batch (every one, when they stream to the host) assigns the
-    // gradients instead of adding to them: no memset, and no accumulator reads in the weight-
-    // gradient GEMMs. Its backward runs after its forward, which waited above for the last
-    // update to read them.
-    const GradWrite write = micro_ == 0 || stream_grads_ ? GradWrite::assign : GradWrite::add;
     model_->forward_backward_async(mb.inputs.data(), mb.targets.data(), B, T, 1.0f / static_cast<float>(A),
-                                   micro_ % kSlots, cur_->fwd_end[mm].get(), write);
+                                   micro_ % kSlots, cur_->fwd_end[mm].get(), grad_write(micro_));
     // An eager run of a quiet micro-batch (a graph's first, or graphs off) called the hooks.
     GHT_EXPECTS(!(quiet_now_ && hooks_acted_),
                 "train (cuda): the step's hooks acted in micro-batch " + std::to_string(micro_) +

@@ -116,6 +116,14 @@ std::shared_ptr<Built> build(const CudnnAttentionKey& s, cudnnHandle_t handle) {
   return b;
 }
 
+// The variant pack of one call: the forward's tensors, and with `backward` the gradients too.
+std::unordered_map<Uid, void*> pack_of(bool backward, const AttentionTensors& t) {
+  auto in = [](const __nv_bfloat16* p) { return static_cast<void*>(const_cast<__nv_bfloat16*>(p)); };
+  std::unordered_map<Uid, void*> pack = {{kQ, in(t.q)}, {kK, in(t.k)}, {kV, in(t.v)}, {kO, t.out}, {kStats, t.lse}};
+  if (backward) pack.insert({{kdO, in(t.dout)}, {kdQ, t.dq}, {kdK, t.dk}, {kdV, t.dv}});
+  return pack;
+}
+
 CudnnPlanCache<Built>& graphs() {
   static auto* c = new CudnnPlanCache<Built>;  // leaked like the handles it depends on
   return *c;
@@ -155,10 +163,7 @@ bool cudnn_frontend_attention_forward(__nv_bfloat16* out, float* lse, const __nv
                                       const __nv_bfloat16* k, const __nv_bfloat16* v,
                                       const AttentionShape& s, cudaStream_t stream,
                                       bool throw_on_failure) {
-  return run(false, s,
-             {{kQ, const_cast<__nv_bfloat16*>(q)}, {kK, const_cast<__nv_bfloat16*>(k)},
-              {kV, const_cast<__nv_bfloat16*>(v)}, {kO, out}, {kStats, lse}},
-             stream, throw_on_failure);
+  return run(false, s, pack_of(false, {q, k, v, out, lse}), stream, throw_on_failure);
 }
 
 bool cudnn_frontend_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv,
@@ -167,11 +172,9 @@ bool cudnn_frontend_attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __n
                                        const __nv_bfloat16* out, const float* lse,
                                        const AttentionShape& s, cudaStream_t stream,
                                        bool throw_on_failure) {
+  // out and lse are inputs here; the pack holds non-const pointers either way.
   return run(true, s,
-             {{kQ, const_cast<__nv_bfloat16*>(q)}, {kK, const_cast<__nv_bfloat16*>(k)},
-              {kV, const_cast<__nv_bfloat16*>(v)}, {kO, const_cast<__nv_bfloat16*>(out)},
-              {kdO, const_cast<__nv_bfloat16*>(dout)}, {kStats, const_cast<float*>(lse)},
-              {kdQ, dq}, {kdK, dk}, {kdV, dv}},
+             pack_of(true, {q, k, v, const_cast<__nv_bfloat16*>(out), const_cast<float*>(lse), dout, dq, dk, dv}),
              stream, throw_on_failure);
 }
 
@@ -188,9 +191,7 @@ std::vector<CudnnPlanTiming> cudnn_frontend_attention_plan_times(bool backward, 
   check(g->build(h, {fe::HeurMode_t::A}, fe::BuildPlanPolicy_t::ALL), "graph build (every plan)");
   if (cudnnSetStream(h, stream) != CUDNN_STATUS_SUCCESS)
     throw ght::cuda_error("cudnn-frontend attention: cudnnSetStream failed");
-  auto bf = [](const __nv_bfloat16* p) { return static_cast<void*>(const_cast<__nv_bfloat16*>(p)); };
-  std::unordered_map<Uid, void*> pack = {{kQ, bf(t.q)}, {kK, bf(t.k)}, {kV, bf(t.v)}, {kO, t.out}, {kStats, t.lse}};
-  if (backward) pack.insert({{kdO, bf(t.dout)}, {kdQ, t.dq}, {kdK, t.dk}, {kdV, t.dv}});
+  std::unordered_map<Uid, void*> pack = pack_of(backward, t);
   cudaEvent_t a = nullptr, b = nullptr;
   GHT_CUDA_TRY(cudaEventCreate(&a));
   GHT_CUDA_TRY(cudaEventCreate(&b));
