@@ -1,6 +1,7 @@
 #include "trainer/regions.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <tuple>
 
@@ -200,7 +201,15 @@ std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab, std::
 std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab) {
   const std::int64_t forced = config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS);
   if (forced > 0 && tokens > 0) return std::min(forced, tokens);
-  return ce_chunk_rows_within(tokens, vocab, kLmHeadLogitsBudget);
+  const std::int64_t rows = ce_chunk_rows_within(tokens, vocab, kLmHeadLogitsBudget);
+  if (rows >= tokens) return rows;
+  // A power-of-two count of chunks: at 16384 tokens and vocab 151,936 three chunks of 5504 rows
+  // measured 97.3 ms and four of 4096 93.1 ms (bench_lm_head, bench/NOTES.md session 12). More
+  // chunks only shrink the logits, so the budget still holds.
+  const auto chunks = static_cast<std::uint64_t>((tokens + rows - 1) / rows);
+  const auto count = static_cast<std::int64_t>(std::bit_ceil(chunks));
+  if (count == static_cast<std::int64_t>(chunks)) return rows;
+  return std::min(rows, ((tokens + count - 1) / count + 63) / 64 * 64);
 }
 
 ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int ranks,
@@ -235,7 +244,7 @@ ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int
                     });
   if (!same) return noted(base, small, short_of);
   return noted(wide, fast, fast == N ? "the whole micro-batch, in HBM the plan leaves free"
-                                     : "the largest chunk under 2 GiB, in HBM the plan leaves free");
+                                     : "equal chunks under 2 GiB (a power-of-two count), in HBM the plan leaves free");
 }
 
 std::string plan_group_of(std::string_view tensor) {

@@ -92,7 +92,10 @@ inline constexpr std::uint64_t kLmHeadSmallLogits = std::uint64_t{256} << 20;
  * 0): GHT_LM_HEAD_ROWS when set (capped at `tokens`), else ce_chunk_rows_within(tokens, vocab,
  * kLmHeadLogitsBudget): the whole micro-batch at bench-h200's shape. Why whole: each chunk's dW
  * GEMM reads and writes the whole (vocab, d) gradient (8 B per element in fp32), which at
- * 832-row chunks costs as long as its math (bench/NOTES.md, session 8).
+ * 832-row chunks costs as long as its math (bench/NOTES.md, session 8). Where the budget needs
+ * several chunks, their count is rounded up to a power of two (equal chunks, rows a multiple of
+ * 64): 16384 tokens at vocab 151,936 run as 4 x 4096 rows, not 3 x 5504, which cuBLAS tiles
+ * worse (bench/NOTES.md, session 12).
  */
 [[nodiscard]] std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab);
 

@@ -334,8 +334,22 @@ TEST(LmHeadChunk, WholeMicroBatchWhenItFitsElseEqualChunksUnderTheBudget) {
   // bench-h200: 4096 rows x V bf16 = 1.16 GiB < 2 GiB, one chunk.
   EXPECT_EQ(default_ce_chunk_rows(4096, V), 4096);
   EXPECT_EQ(default_ce_chunk_rows(1000, V), 1000);
-  // 16k rows: 2 GiB holds 7067 rows, 7040 as a multiple of 64, so 3 chunks of 5462 -> 5504.
-  EXPECT_EQ(default_ce_chunk_rows(16384, V), 5504);
+  // 16k rows: 2 GiB holds 7067 rows, 7040 as a multiple of 64, so 3 equal chunks of 5504 rows
+  // would fit; the default rounds the count up to 4 (4096 rows each).
+  EXPECT_EQ(ce_chunk_rows_within(16384, V, kLmHeadLogitsBudget), 5504);
+  EXPECT_EQ(default_ce_chunk_rows(16384, V), 4096);
+  // 2 chunks stay 2; 5 become 8; a count already a power of two is kept.
+  EXPECT_EQ(default_ce_chunk_rows(12000, V), 6016);
+  EXPECT_EQ(default_ce_chunk_rows(30000, V), 3776);
+  EXPECT_EQ(default_ce_chunk_rows(28160, V), 7040);
+  for (std::int64_t n : {7068, 9999, 16384, 20000, 30000, 65536, 100000}) {  // all over the budget
+    const std::int64_t r = default_ce_chunk_rows(n, V);
+    const std::int64_t chunks = (n + r - 1) / r;
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " rows=" << r);
+    EXPECT_EQ(chunks & (chunks - 1), 0);  // a power of two
+    EXPECT_EQ(r % 64, 0);
+    EXPECT_LE(2 * static_cast<std::uint64_t>(r) * static_cast<std::uint64_t>(V), kLmHeadLogitsBudget);
+  }
   // The small chunk of sessions 1-7: 832 rows (5 chunks of a 4096-row micro-batch).
   EXPECT_EQ(ce_chunk_rows_within(4096, V, kLmHeadSmallLogits), 832);
   for (std::int64_t n : {1, 63, 64, 65, 777, 4096, 7040, 7041, 16384, 100000}) {
