@@ -185,31 +185,39 @@ std::size_t cuda_loss_slot_bytes(int layers) {
   return (8 + 8 * static_cast<std::size_t>(layers) + 255) / 256 * 256;  // ce, valid; aux, z per layer
 }
 
-std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab, std::uint64_t logits_bytes) {
+namespace {
+
+/// Rows per LM-head chunk: the whole of `tokens` where its bf16 logits fit `logits_bytes`, else
+/// equal chunks of at most that many rows (a multiple of 64 where at least 64 fit), their count
+/// rounded up to a power of two when `power_of_two_count`.
+std::int64_t chunk_rows(std::int64_t tokens, std::int64_t vocab, std::uint64_t logits_bytes,
+                        bool power_of_two_count) {
   GHT_EXPECTS(tokens > 0 && vocab > 0, "LM-head chunk: need tokens > 0 and vocab > 0, got tokens=" +
                                            std::to_string(tokens) + " vocab=" + std::to_string(vocab));
   const std::uint64_t row_bytes = 2 * static_cast<std::uint64_t>(vocab);
   if (static_cast<std::uint64_t>(tokens) <= logits_bytes / row_bytes) return tokens;
   std::int64_t most = std::max<std::int64_t>(1, static_cast<std::int64_t>(logits_bytes / row_bytes));
   if (most >= 64) most = most / 64 * 64;
-  const std::int64_t chunks = (tokens + most - 1) / most;
+  std::int64_t chunks = (tokens + most - 1) / most;
+  // More chunks only shrink the logits, so the budget still holds.
+  if (power_of_two_count) chunks = static_cast<std::int64_t>(std::bit_ceil(static_cast<std::uint64_t>(chunks)));
   std::int64_t rows = (tokens + chunks - 1) / chunks;
   if (most >= 64) rows = (rows + 63) / 64 * 64;
   return std::min(rows, most);
 }
 
+}  // namespace
+
+std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab, std::uint64_t logits_bytes) {
+  return chunk_rows(tokens, vocab, logits_bytes, false);
+}
+
 std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab) {
   const std::int64_t forced = config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS);
   if (forced > 0 && tokens > 0) return std::min(forced, tokens);
-  const std::int64_t rows = ce_chunk_rows_within(tokens, vocab, kLmHeadLogitsBudget);
-  if (rows >= tokens) return rows;
   // A power-of-two count of chunks: at 16384 tokens and vocab 151,936 three chunks of 5504 rows
-  // measured 97.3 ms and four of 4096 93.1 ms (bench_lm_head, bench/NOTES.md session 12). More
-  // chunks only shrink the logits, so the budget still holds.
-  const auto chunks = static_cast<std::uint64_t>((tokens + rows - 1) / rows);
-  const auto count = static_cast<std::int64_t>(std::bit_ceil(chunks));
-  if (count == static_cast<std::int64_t>(chunks)) return rows;
-  return std::min(rows, ((tokens + count - 1) / count + 63) / 64 * 64);
+  // measured 97.3 ms and four of 4096 93.1 ms (bench_lm_head, bench/NOTES.md session 12).
+  return chunk_rows(tokens, vocab, kLmHeadLogitsBudget, true);
 }
 
 ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int ranks,
