@@ -32,3 +32,20 @@ if(GHT_SANITIZE)
     $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${GHT_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
   target_link_options(ght_flags INTERFACE -fsanitize=${GHT_SANITIZE})
 endif()
+
+# Cold code at -O1: argument parsing, config and TOML/JSON files, the CLI's commands, cudnn graph
+# building and the test drivers run once per process (or per test), but at -O3 they took most of
+# CI's build: 64-80% of such a file's compile time is -O3 optimisation of toml11, nlohmann-json,
+# CLI11 and GoogleTest templates (cmd_plan.cpp: 33.6 s at -O3, 18.6 s at -O1; bench/results,
+# 2026-12-03). Hot code (kernels, the optimizer, the training step, data loading) keeps the build
+# type's level. Host code only: nvcc gets -O1 for its host compiler and keeps ptxas at -O3.
+# GCC and Clang take the last -O on the command line, and these options come after the build
+# type's flags. A Debug build (-O0) is left alone.
+set(GHT_COLD_OPT
+  $<$<AND:$<NOT:$<CONFIG:Debug>>,$<COMPILE_LANGUAGE:CXX>>:-O1>
+  $<$<AND:$<NOT:$<CONFIG:Debug>>,$<COMPILE_LANGUAGE:CUDA>>:-O1>
+  $<$<AND:$<NOT:$<CONFIG:Debug>>,$<COMPILE_LANGUAGE:CUDA>>:-Xptxas=-O3>)
+# ght_cold_sources(a.cpp b.cpp): those files of this directory's targets at GHT_COLD_OPT.
+function(ght_cold_sources)
+  set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${GHT_COLD_OPT}")
+endfunction()

@@ -153,5 +153,7 @@ function(ght_test)
   # GoogleTest's macros declare members that nvcc's front end reports as unreferenced (#177);
   # newer GoogleTest releases trigger it, so silence that one diagnostic in test code only.
   target_compile_options(${T_NAME} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-diag-suppress=177>)
+  # Test drivers are cold code (cmake/GhtFlags.cmake); the library code they test keeps its level.
+  target_compile_options(${T_NAME} PRIVATE ${GHT_COLD_OPT})
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}")
 endfunction()

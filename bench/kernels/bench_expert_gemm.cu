@@ -1,8 +1,7 @@
 // Expert GEMM benchmark: every GroupedGemmImpl on the MoE shapes of bench-h200 (and the seed's
 // HARDWARE.md reference shape, and four sweep shapes' layers), against a dense cuBLASLt GEMM
-// with the same total FLOPs measured in the same run. CUTLASS's var-M (data) GEMMs are measured
-// once per tile variant (cutlass[128x128], cutlass[128x256]) and once as the automatic rule picks
-// (cutlass[auto=...]), so the rule can be checked against measurements. Prints a table last and writes the full results as JSON.
+// with the same total FLOPs measured in the same run. Prints a table last and writes the full
+// results as JSON.
 //
 //   bench_expert_gemm [--json PATH] [--iters N]
 //
@@ -116,18 +115,7 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
   for (const auto& c : vm) {
     const double flops = 2.0 * R * c.n * c.k;
     const double dense_tf = dense(R, c.n, c.k, c.trans_b, kc::DType::bf16);
-    // (impl, tile) pairs: every implementation once, CUTLASS once per tile variant and auto.
-    std::vector<std::pair<kc::GroupedGemmImpl, kc::CutlassTile>> runs;
     for (auto impl : impls) {
-      if (impl != kc::GroupedGemmImpl::cutlass) {
-        runs.emplace_back(impl, kc::CutlassTile::automatic);
-        continue;
-      }
-      for (auto t : {kc::CutlassTile::coop_128x128, kc::CutlassTile::coop_128x256, kc::CutlassTile::automatic}) {
-        runs.emplace_back(impl, t);
-      }
-    }
-    for (const auto& [impl, tile] : runs) {
       for (int with_sync = 0; with_sync < 2; ++with_sync) {
         if (!kc::needs_host_offsets(impl) && with_sync) continue;
         kc::GroupedGemmVarM g;
@@ -143,16 +131,10 @@ void bench_shape(const Shape& s, int iters, cudaStream_t stream, std::vector<Row
         o.device = d_off;
         o.host = with_sync ? nullptr : off.data();
         o.max_rows = R;
-        g.cutlass_tile = tile;
         Row r;
         r.shape = s.name;
         r.gemm = c.name;
         r.impl = std::string(kc::to_string(impl)) + (with_sync ? "+sync" : "");
-        if (impl == kc::GroupedGemmImpl::cutlass) {
-          r.impl += tile == kc::CutlassTile::automatic
-                        ? "[auto=" + std::string(kc::to_string(kc::choose_cutlass_tile(g, o))) + "]"
-                        : "[" + std::string(kc::to_string(tile)) + "]";
-        }
         try {
           r.ms = time_ms(stream, iters, [&] { kc::grouped_gemm(g, o, impl, stream); });
           r.tflops = flops / (r.ms * 1e-3) / 1e12;

@@ -485,13 +485,7 @@ bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t s
   p.k = g.k;
   p.stride_b = g.stride_b;
 #if defined(GHT_HAVE_CUTLASS)
-  CutlassTile tile = g.cutlass_tile == CutlassTile::automatic ? choose_cutlass_tile(g, o) : g.cutlass_tile;
-  switch (tile) {
-    case CutlassTile::coop_128x256:
-      (g.trans_b ? cg::var_m_bt_bf16_128x256 : cg::var_m_bn_bf16_128x256)(p, stream);
-      break;
-    default: (g.trans_b ? cg::var_m_bt_bf16 : cg::var_m_bn_bf16)(p, stream); break;
-  }
+  (g.trans_b ? cg::var_m_bt_bf16_128x256 : cg::var_m_bn_bf16_128x256)(p, stream);
 #else
   (void)p;  // not reached: covered() is false without CUTLASS
   (void)stream;
@@ -540,21 +534,6 @@ std::string_view to_string(GroupedGemmImpl impl) noexcept {
     case GroupedGemmImpl::cutlass: return "cutlass";
   }
   return "?";
-}
-
-std::string_view to_string(CutlassTile tile) noexcept {
-  switch (tile) {
-    case CutlassTile::automatic: return "auto";
-    case CutlassTile::coop_128x128: return "128x128";
-    case CutlassTile::coop_128x256: return "128x256";
-  }
-  return "?";
-}
-
-CutlassTile choose_cutlass_tile(const GroupedGemmVarM& g, const GroupOffsets& o) {
-  (void)g;
-  (void)o;
-  return CutlassTile::coop_128x256;  // fastest on every measured shape (expert_gemm.hpp)
 }
 
 bool cutlass_available() noexcept {

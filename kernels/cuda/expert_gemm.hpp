@@ -36,7 +36,11 @@
  *                   dimensions (and stride_b / stride_c) that keep every row 16-byte aligned,
  *                   n and k (var-M) or m and n (var-K) multiples of 8; any other call runs
  *                   `custom` instead (cutlass_covers() tells which). Only in builds with CUTLASS
- *                   (cutlass_available()); elsewhere asking for it throws.
+ *                   (cutlass_available()); elsewhere asking for it throws. Tiles: var-M
+ *                   128x256x64, var-K 128x128x64, both cooperative. On the H200 128x256 was the
+ *                   fastest var-M tile in every case measured (7 MoE shapes x 4 data GEMMs: 0.57-
+ *                   1.01 of dense against 0.51-0.84 for 128x128; 128x128 ping-pong and 128x160
+ *                   lost too), so the others were removed (bench/NOTES.md, sessions 7, 13, 14).
  *
  * FLOPs: 2·R·n·k (var-M) or 2·m·n·R (var-K), R = offsets[E]. Bytes: 2·(R·k + E·n·k) + R·n·sizeof(C)
  * (var-M); 2·R·(m + n) + E·m·n·sizeof(C)·(beta ? 2 : 1) (var-K).
@@ -82,18 +86,6 @@ struct GroupOffsets {
   std::int64_t max_rows = 0;
 };
 
-/**
- * Tile variants of GroupedGemmImpl::cutlass's var-M (data) GEMMs, one CUTLASS instantiation each
- * (kernels/cuda/cutlass/). var-K (weight gradients) always runs coop_128x128.
- *   coop_128x128      128x128x64 tiles, cooperative (two consumer warp groups per tile)
- *   coop_128x256      128x256x64 tiles, cooperative: half the A-tile loads per output column
- *   automatic         choose_cutlass_tile()
- * (A 128x128 ping-pong variant was measured too and never won: bench/NOTES.md, session 7.)
- */
-enum class CutlassTile : int { automatic = 0, coop_128x128 = 1, coop_128x256 = 2 };
-
-[[nodiscard]] std::string_view to_string(CutlassTile tile) noexcept;
-
 /// var-M: C[rows_e] = alpha·A[rows_e]·op(B_e) + beta·C[rows_e], B_e = b + e·stride_b.
 struct GroupedGemmVarM {
   std::int64_t n = 0, k = 0;
@@ -107,7 +99,6 @@ struct GroupedGemmVarM {
   DType c_type = DType::bf16;
   std::int64_t ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
-  CutlassTile cutlass_tile = CutlassTile::automatic;  ///< GroupedGemmImpl::cutlass only
 };
 
 /// var-K: C_e = alpha·A[rows_e]^T·B[rows_e] + beta·C_e, C_e = c + e·stride_c.
@@ -135,16 +126,6 @@ void grouped_gemm(const GroupedGemmVarM& args, const GroupOffsets& offsets, Grou
 /// Run a var-K grouped GEMM (weight gradients). Groups with no rows get C_e = beta·C_e.
 void grouped_gemm(const GroupedGemmVarK& args, const GroupOffsets& offsets, GroupedGemmImpl impl,
                   cudaStream_t stream);
-
-/**
- * @brief The tile variant CutlassTile::automatic runs for a var-M call: coop_128x256. Measured on
- * the H200 (bench_expert_gemm, 7 MoE shapes x 4 data GEMMs, 2026-12-01), it was the fastest
- * variant in all 28 cases, including partial N tiles (n = 1600), short K (k = 512, 800) and 100-
- * to 1,024-row experts: 0.57-1.01 of dense against 0.51-0.84 for coop_128x128. The arguments
- * stay so that a rule measured on other shapes can use them; GHT_CUTLASS_TILE pins one variant.
- * Never automatic.
- */
-[[nodiscard]] CutlassTile choose_cutlass_tile(const GroupedGemmVarM& args, const GroupOffsets& offsets);
 
 /// True when GroupedGemmImpl::cutlass runs this call itself (this build has CUTLASS and the call
 /// is one it covers, see the file comment); false when it would run `custom` instead.

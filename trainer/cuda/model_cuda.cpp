@@ -635,7 +635,6 @@ struct CudaMoEModel::Impl {
     g.trans_b = tb;
     g.c = C;
     g.c_type = kc::DType::bf16;
-    g.cutlass_tile = opts.cutlass_tile;
     kc::grouped_gemm(g, offsets_of(a), opts.expert_impl, stream);
   }
 

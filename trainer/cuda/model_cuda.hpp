@@ -68,9 +68,6 @@ struct CudaModelOptions {
   /// on the host: the model downloads them once per layer per forward (one stream sync) and
   /// reuses them in backward.
   kernels::cuda::GroupedGemmImpl expert_impl = kernels::cuda::default_grouped_gemm_impl();
-  /// Tile variant of the CUTLASS expert data GEMMs (GHT_CUTLASS_TILE); automatic = the rule of
-  /// kernels/cuda/expert_gemm.hpp (choose_cutlass_tile).
-  kernels::cuda::CutlassTile cutlass_tile = kernels::cuda::CutlassTile::automatic;
   kernels::cuda::AttentionImpl attention_impl = kernels::cuda::AttentionImpl::automatic;
   /// Fused kernels (GHT_FUSED_KERNELS): the router, its top-k and the permutation (plan and
   /// gather) in one call (kernels/cuda/router.hpp: router_route_forward), and the q and k

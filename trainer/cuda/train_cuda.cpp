@@ -450,10 +450,6 @@ void CudaRun::setup() {
                    : gemm == "cublaslt_loop"    ? kernels::cuda::GroupedGemmImpl::cublaslt_loop
                                                 : kernels::cuda::default_grouped_gemm_impl();
   mo.fused_kernels = config::cfg().get_bool(config::Key::GHT_FUSED_KERNELS);
-  const std::string tile = config::cfg().get_string(config::Key::GHT_CUTLASS_TILE);
-  mo.cutlass_tile = tile == "128x128"   ? kernels::cuda::CutlassTile::coop_128x128
-                    : tile == "128x256" ? kernels::cuda::CutlassTile::coop_128x256
-                                        : kernels::cuda::CutlassTile::automatic;
   mo.ce_chunk_rows = run_plan.lm_head_rows;  // what the plan counted
   mo.allocator = alloc_;
   CudaGraphRunFacts graph_facts;
@@ -570,8 +566,7 @@ void CudaRun::setup() {
       std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
       " tokens/step, backend cuda on " + prop.name + "; attention requested " +
       std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
-      std::string(kernels::cuda::to_string(model_->options().expert_impl)) + " (CUTLASS tiles " +
-      std::string(kernels::cuda::to_string(model_->options().cutlass_tile)) + "), fused kernels " +
+      std::string(kernels::cuda::to_string(model_->options().expert_impl)) + ", fused kernels " +
       (model_->options().fused_kernels ? "on" : "off"));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
       (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_.bytes()) + " fp32 host accumulator)"

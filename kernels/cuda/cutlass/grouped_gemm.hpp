@@ -31,18 +31,13 @@ struct Problem {
   int device = 0, sm_count = 0;
 };
 
-/// var-M, B_e stored (n, k) row-major (trans_b), bf16 C: 128x128 tiles, cooperative.
-void var_m_bt_bf16(const Problem& p, cudaStream_t stream);
-/// The same with 128x256 tiles (cooperative).
+/// var-M, B_e stored (n, k) row-major (trans_b), bf16 C: 128x256 tiles, cooperative.
 void var_m_bt_bf16_128x256(const Problem& p, cudaStream_t stream);
-/// The same with 128x128 tiles, ping-pong.
-/// var-M, B_e stored (k, n) row-major, bf16 C: 128x128 tiles, cooperative.
-void var_m_bn_bf16(const Problem& p, cudaStream_t stream);
-/// The same with 128x256 tiles (cooperative).
+/// var-M, B_e stored (k, n) row-major, bf16 C: 128x256 tiles, cooperative.
 void var_m_bn_bf16_128x256(const Problem& p, cudaStream_t stream);
-/// var-K (weight gradients), fp32 C.
+/// var-K (weight gradients), fp32 C: 128x128 tiles, cooperative.
 void var_k_f32(const Problem& p, cudaStream_t stream);
-/// var-K (weight gradients), bf16 C.
+/// var-K (weight gradients), bf16 C: 128x128 tiles, cooperative.
 void var_k_bf16(const Problem& p, cudaStream_t stream);
 
 }  // namespace ght::kernels::cuda::cutlass_grouped
