@@ -41,11 +41,13 @@ struct Case {
   std::int64_t chunk;
   double ignore_frac;
 };
-// V % 8 == 0 takes the vector path, V = 517 and 1031 the scalar one; chunks do not divide N.
-// The last two are one chunk of every row (the trainer's default, trainer/regions.hpp:
-// default_ce_chunk_rows), N not a multiple of 64: dW accumulated once over all N rows.
+// V % 8 == 0 takes the vector path (also at 102,408 and Qwen3's 151,936), V = 517, 1031 and
+// 60,001 the scalar one; chunks do not divide N. {333, 96, 1031, 333} and {1000, 128, 4104, 1000} are one
+// chunk of every row (the trainer's default, trainer/regions.hpp: default_ce_chunk_rows), N not a
+// multiple of 64: dW accumulated once over all N rows.
 const Case kCases[] = {{300, 64, 1000, 128, 0.1}, {77, 72, 517, 32, 0.3},  {64, 64, 2048, 1000, 0.0},
-                       {20, 64, 96, 8, 1.0},      {333, 96, 1031, 333, 0.1}, {1000, 128, 4104, 1000, 0.05}};
+                       {20, 64, 96, 8, 1.0},      {333, 96, 1031, 333, 0.1}, {1000, 128, 4104, 1000, 0.05},
+                       {40, 64, 151936, 40, 0.1}, {24, 32, 102408, 10, 0.0}, {12, 32, 60001, 12, 0.2}};
 
 // dw_beta 1: dW accumulates onto dw0; 0: dW is assigned, so the device dW starts as NaN bytes
 // and the reference's at zero.

@@ -42,8 +42,9 @@ struct Case {
   std::int64_t n;
   int k, e, c;
 };
+// K = 10: more assignments per token than any preset; C = 36: the scalar (VEC = 1) kernels.
 const Case kCases[] = {{1500, 4, 64, 64}, {100, 2, 3, 40}, {300, 8, 1000, 128}, {1, 1, 1, 8},
-                       {4097, 2, 16, 24}};
+                       {4097, 2, 16, 24}, {200, 10, 48, 36}};
 
 TEST(CudaPermute, PlanGatherCombineMatchCpu) {
   GHT_REQUIRE_GPU();
