@@ -40,7 +40,8 @@ endif()
 # 2026-12-03). Hot code (kernels, the optimizer, the training step, data loading) keeps the build
 # type's level. Host code only: nvcc gets -O1 for its host compiler and keeps ptxas at -O3.
 # GCC and Clang take the last -O on the command line, and these options come after the build
-# type's flags. A Debug build (-O0) is left alone.
+# type's flags (nvcc says so once per CUDA test file: "incompatible redefinition for option
+# 'optimize', the last value of this option was used"). A Debug build (-O0) is left alone.
 set(GHT_COLD_OPT
   $<$<AND:$<NOT:$<CONFIG:Debug>>,$<COMPILE_LANGUAGE:CXX>>:-O1>
   $<$<AND:$<NOT:$<CONFIG:Debug>>,$<COMPILE_LANGUAGE:CUDA>>:-O1>
