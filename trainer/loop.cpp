@@ -78,12 +78,13 @@ struct Diloco {
 constexpr const char* kMomentumFile = "diloco.momentum.safetensors";
 // Streaming DiLoCo: the summed pseudo-gradients of the fragment in flight at the checkpoint.
 constexpr const char* kPendingFile = "diloco.pending.safetensors";
-// GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master), and with
-// a weight prediction (GHT_OPT_DELAY_PREDICT ≠ 0) also those of the step after it, which the
-// update in flight at the checkpoint wrote (without one they are master's).
+// GHT_OPT_DELAY=1: the weights the next step computes with (one update behind master; with a
+// partial delay, GHT_OPT_DELAY_MICRO, its first micro-batches, the others compute with master),
+// and with a weight prediction (GHT_OPT_DELAY_PREDICT ≠ 0) also those of the step after it,
+// which the update in flight at the checkpoint wrote (without one they are master's).
 constexpr const char* kComputeWeightsFiles[2] = {"delayed.compute_weights.safetensors",
                                                  "delayed.next_compute_weights.safetensors"};
-int compute_weight_files() { return delay_weight_extrapolation() != 0 ? 2 : 1; }
+int compute_weight_files(int grad_accum) { return delay_weight_extrapolation(grad_accum) != 0 ? 2 : 1; }
 constexpr const char* kShardPrefixes[3] = {"master.", "adam_m.", "adam_v."};
 std::string shard_file(int rank) {
   char buf[48];
@@ -294,9 +295,10 @@ std::string save_checkpoint(TrainBackend& be, const TrainSession& s, std::int64_
                    {"world_size", s.comm->size()},
                    {"delayed_update", be.delayed_update()}};
     if (be.delayed_update()) {
-      v.extra_files = [&be, &ts](const std::string& staging) {
+      const int files_kept = compute_weight_files(s.cfg.model.grad_accum);
+      v.extra_files = [&be, &ts, files_kept](const std::string& staging) {
         std::vector<CheckpointFile> files;
-        for (int ahead = 0; ahead < compute_weight_files(); ++ahead) {
+        for (int ahead = 0; ahead < files_kept; ++ahead) {
           std::vector<FloatBuffer> w;
           std::vector<CheckpointTensorView> views;
           w.reserve(ts.size());
@@ -429,7 +431,7 @@ void restore_compute_weights(TrainBackend& be, const TrainSession& s, const Load
     return;
   }
   const auto& ts = be.tensors();
-  for (int ahead = 0; ahead < compute_weight_files(); ++ahead) {
+  for (int ahead = 0; ahead < compute_weight_files(s.cfg.model.grad_accum); ++ahead) {
     const char* name = kComputeWeightsFiles[ahead];
     const auto f = ck.data.tensor_files.find(name);
     if (f == ck.data.tensor_files.end()) {  // ahead 1 only: the first is there (above)
@@ -670,14 +672,27 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
     if (be.delayed_update()) {
       for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
       const long long warm = delay_warmup_steps();
-      char what[200];
-      std::snprintf(what, sizeof what,
-                    "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), while update k runs, from step %lld on",
-                    delay_weight_extrapolation(), warm + 1);
+      const int A = cfg.model.grad_accum, stale = delay_stale_micro_batches(A);
+      char what[320];
+      if (stale < A) {
+        std::snprintf(what, sizeof what,
+                      "in its first %d of %d micro-batches (GHT_OPT_DELAY_MICRO), while update k runs; the other %d "
+                      "wait for update k and compute with its weights; from step %lld on",
+                      stale, A, A - stale, warm + 1);
+      } else {
+        std::snprintf(what, sizeof what,
+                      "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), in all %d micro-batches, while "
+                      "update k runs, from step %lld on",
+                      delay_weight_extrapolation(A), A, warm + 1);
+      }
       s.say(std::string("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights "
-                        "after update k-1, ") +
+                        "after update k-1 ") +
             what + (warm > 0 ? " (steps 1-" + std::to_string(warm) + " update exactly: GHT_OPT_DELAY_WARMUP)" : std::string()) +
-            "; evals see those weights, checkpoints keep them next to master");
+            "; evals see the weights of the next step's first micro-batch, checkpoints keep them next to master");
+      if (stale < A && config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) != 0) {
+        s.say("note: GHT_OPT_DELAY_PREDICT applies to the whole-step delay only; with GHT_OPT_DELAY_MICRO=" +
+              std::to_string(stale) + " the weights are master's (unextrapolated)");
+      }
     }
     // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
     SliceAssembler za(be.tensors(), optimizer_slices(be));

@@ -384,8 +384,16 @@ std::int64_t delay_warmup_steps() { return config::cfg().get_int(config::Key::GH
 
 bool delayed_at(std::int64_t done) { return delayed_update() && done >= delay_warmup_steps(); }
 
-double delay_weight_extrapolation() {
-  return delayed_update() ? config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) : 0.0;
+int delay_stale_micro_batches(int grad_accum) {
+  const std::int64_t j = config::cfg().get_int(config::Key::GHT_OPT_DELAY_MICRO);
+  return j == 0 || j >= grad_accum ? grad_accum : static_cast<int>(j);
+}
+
+bool delay_partial(int grad_accum) { return delayed_update() && delay_stale_micro_batches(grad_accum) < grad_accum; }
+
+double delay_weight_extrapolation(int grad_accum) {
+  if (!delayed_update() || delay_partial(grad_accum)) return 0.0;
+  return config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT);
 }
 
 std::uint64_t delayed_update_hbm_bytes(const ModelConfig& c) {

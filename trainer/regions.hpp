@@ -137,9 +137,17 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 
 /// GHT_OPT_DELAY: the one-step-delayed update (trainer/README.md).
 [[nodiscard]] bool delayed_update();
+/// GHT_OPT_DELAY_MICRO: how many of a step's `grad_accum` micro-batches compute one update
+/// behind, in [1, grad_accum] (grad_accum: the whole step, also for 0, the default).
+[[nodiscard]] int delay_stale_micro_batches(int grad_accum);
+/// Whether only some of a step's micro-batches compute one update behind (the rest wait for the
+/// update): GHT_OPT_DELAY on and delay_stale_micro_batches(grad_accum) < grad_accum.
+[[nodiscard]] bool delay_partial(int grad_accum);
 /// The delayed update's weight prediction (GHT_OPT_DELAY_PREDICT; optimizer::AdamWHyper::
-/// weight_extrapolation): 0 without GHT_OPT_DELAY.
-[[nodiscard]] double delay_weight_extrapolation();
+/// weight_extrapolation): 0 without GHT_OPT_DELAY, and 0 for a partial delay (delay_partial:
+/// the weights one update wrote serve the fresh micro-batches of the next step and the stale
+/// ones of the step after, so they stay master's).
+[[nodiscard]] double delay_weight_extrapolation(int grad_accum);
 /// GHT_OPT_DELAY_WARMUP: the delayed update's exact steps before the delay starts.
 [[nodiscard]] std::int64_t delay_warmup_steps();
 /// Whether the step after `done` completed steps runs delayed: GHT_OPT_DELAY on and `done` past

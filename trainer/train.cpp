@@ -122,7 +122,11 @@ class CpuBackend final : public TrainBackend {
     const auto t0 = std::chrono::steady_clock::now();
     StepOutcome o;
     model_.zero_grad();
-    for_each_rank_batch(data, mc.grad_accum, rank, N, batch_, [&](int, const Batch& b) {
+    // A partial delay (GHT_OPT_DELAY_MICRO = j): micro-batches j+1.. wait for the previous update
+    // and compute with master (after an exact step the weights already are master's).
+    const int stale = delayed ? delay_stale_micro_batches(mc.grad_accum) : mc.grad_accum;
+    for_each_rank_batch(data, mc.grad_accum, rank, N, batch_, [&](int m, const Batch& b) {
+      if (m == stale) copy_master_to_params();
       const Loss l = model_.forward(b.inputs.data(), b.targets.data(), B, T);
       model_.backward(1.0f / static_cast<float>(share));
       o.loss += l.ce / share;
@@ -147,8 +151,11 @@ class CpuBackend final : public TrainBackend {
     // the step after in next_ (the CPU has nothing to overlap, the semantics are the CUDA
     // backend's).
     // In the exact warm-up next_ follows master, so the first delayed step computes with master.
-    if (delayed) std::copy(next_.begin(), next_.end(), model_.params().begin());
-    const optimizer::StepResult sr = delayed ? delayed_step(lr) : opt_->step(lr);
+    // A partial delay keeps the weights its fresh micro-batches computed with (master before this
+    // update) for the next step's stale ones, and needs no next_.
+    const bool partial = delayed && stale < mc.grad_accum;
+    if (delayed && !partial) std::copy(next_.begin(), next_.end(), model_.params().begin());
+    const optimizer::StepResult sr = delayed && !partial ? delayed_step(lr) : opt_->step(lr);
     if (!delayed) copy_master_to_params();
     if (delay_ && !delayed) std::copy(model_.params().begin(), model_.params().end(), next_.begin());
     o.grad_norm = sr.grad_norm;
@@ -205,7 +212,7 @@ class CpuBackend final : public TrainBackend {
   // Delayed mode (never sharded): the update, and next_ = master after it extrapolated by x of it,
   // p + x·(p − p_before), in the fp32 operations the AdamW kernels use for the bf16 weight.
   optimizer::StepResult delayed_step(double lr) {
-    const float x = static_cast<float>(delay_weight_extrapolation());
+    const float x = static_cast<float>(delay_weight_extrapolation(cfg_.model.grad_accum));
     for (std::size_t r = 0; r < slices_.size(); ++r) opt_->save_state(r, next_of(r), nullptr, nullptr);  // p_before
     const optimizer::StepResult sr = opt_->step(lr);
     for (std::size_t r = 0; r < slices_.size(); ++r) {

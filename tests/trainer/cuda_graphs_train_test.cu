@@ -101,6 +101,8 @@ struct GraphCase {
   double max_norm;     // > 0: clipping (1e-3 clips every step)
   bool delay;          // GHT_OPT_DELAY=1 with a 2-step exact warm-up
   bool speculate;      // gpu_link state with GHT_OPT_SPECULATE: the last micro-batch runs eagerly
+  int stale;           // GHT_OPT_DELAY_MICRO (0: the whole step)
+  int keys;            // graph keys (weights, gradients) the run's replayable micro-batches use
 };
 
 void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.name; }  // the test's name in ctest
@@ -119,6 +121,7 @@ TEST_P(CudaGraphsTrain, OnAndOffAreBitIdentical) {
   const ScopedFlag gemm("GHT_EXPERT_GEMM", graph_expert_gemm());
   const ScopedFlag delayed("GHT_OPT_DELAY", gc.delay ? "on" : "off");
   const ScopedFlag warmup("GHT_OPT_DELAY_WARMUP", "2");
+  const ScopedFlag stale("GHT_OPT_DELAY_MICRO", std::to_string(gc.stale));
   const ScopedFlag path("GHT_OPTIMIZER", gc.speculate ? "gpu_link" : "auto");
   const ScopedFlag arena("GHT_OPT_SPECULATE", gc.speculate ? "64MiB" : "0");
   auto train_with = [&](const std::string& graphs) {
@@ -142,16 +145,18 @@ TEST_P(CudaGraphsTrain, OnAndOffAreBitIdentical) {
   EXPECT_TRUE(p_off.split_positive);
   // Micro-batch 0 of each step runs eagerly, and so does the last while it speculates; the first
   // replayable micro-batch of each graph key runs eagerly once. One key (weights, gradients)
-  // for the run, two in delayed mode (its alternating pairs, each kept in its own graph).
+  // for the run, two in delayed mode (its alternating pairs, each kept in its own graph), four
+  // with a partial delay (the weights switch within the step: both weights with both gradients).
   const std::int64_t replayable = 6 * (gc.grad_accum - 1 - (gc.speculate ? 1 : 0));
-  EXPECT_EQ(p_on.launches, replayable - (gc.delay ? 2 : 1));
+  EXPECT_EQ(p_on.launches, replayable - gc.keys);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CudaGraphsTrain,
-                         ::testing::Values(GraphCase{"accum2", 2, 0.0, false, false},
-                                           GraphCase{"accum3_clipped", 3, 1e-3, false, false},
-                                           GraphCase{"accum4_delayed", 4, 0.0, true, false},
-                                           GraphCase{"accum3_speculated", 3, 0.0, false, true}),
+                         ::testing::Values(GraphCase{"accum2", 2, 0.0, false, false, 0, 1},
+                                           GraphCase{"accum3_clipped", 3, 1e-3, false, false, 0, 1},
+                                           GraphCase{"accum4_delayed", 4, 0.0, true, false, 0, 2},
+                                           GraphCase{"accum4_partial_delay", 4, 0.0, true, false, 2, 4},
+                                           GraphCase{"accum3_speculated", 3, 0.0, false, true, 0, 1}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Stop at step 3 with graphs on, resume to 6: the same losses and final state as the

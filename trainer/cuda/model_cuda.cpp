@@ -263,10 +263,12 @@ struct CudaMoEModel::Impl {
     bool operator==(const GraphKey&) const = default;
   };
   std::int64_t buffer_generation = 0;
-  // One graph per key, the newest last. Four: the delayed update alternates two weight/gradient
-  // pairs, a step's first micro-batch assigns the gradients and the others add to them, and
-  // recapturing at every step would cost more than the launches save.
-  static constexpr std::size_t kMaxGraphs = 4;
+  // One graph per key, the newest last. Eight: the delayed update alternates two weight/gradient
+  // pairs (a partial delay, GHT_OPT_DELAY_MICRO, switches the weights within a step: three
+  // weight/gradient/write keys per step, six over the two steps of its cycle), a step's first
+  // micro-batch assigns the gradients and the others add to them, and recapturing at every step
+  // would cost more than the launches save.
+  static constexpr std::size_t kMaxGraphs = 8;
   struct Graph {
     GraphKey key;
     cudaGraph_t graph = nullptr;  // kept: its forward-end node names the node of exec

@@ -250,8 +250,12 @@ class CudaRun final : public TrainBackend {
     return b;
   }
   /// Delayed mode, after a step's backward: wait for the previous update, give the model the
-  /// weights it wrote and the gradient buffer it read, and point the optimizer at the others.
-  void rotate_delayed_buffers();
+  /// weights it wrote (not with a partial delay: the model switched to them in the step, or keeps
+  /// its own) and the gradient buffer it read, and point the optimizer at the others.
+  void rotate_delayed_buffers(bool partial);
+  /// Partial delay (GHT_OPT_DELAY_MICRO), before the step's first fresh micro-batch: wait for the
+  /// update in flight and compute with the weights it writes from now on.
+  void take_fresh_weights();
   /// Delayed mode: launch every region's update from a thread of its own (the dma path's
   /// launches block on a full queue for most of the update; the next step's must not wait).
   void launch_update_async();
@@ -359,6 +363,9 @@ class CudaRun final : public TrainBackend {
   alloc::unique_block delay_w_, delay_g_;  // the second pair
   __nv_bfloat16* other_w_ = nullptr;       // the pair the model does not use now
   void* other_g_ = nullptr;
+  // Partial delay: other_w_ holds (or the update in flight writes) master's weights, newer than
+  // the model's; the step's first fresh micro-batch switches to them (take_fresh_weights).
+  bool fresh_pending_ = false;
   std::future<void> update_;  // the update thread's launches
   std::future<void> timer_;   // exact mode: records opt_end (time_update_async)
   dist::GpuChoice gpu_choice_;
@@ -580,7 +587,11 @@ void CudaRun::setup() {
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
   if (delay_) {
     say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): launched from its own thread after each step's "
-        "backward, it runs during the next step's forward and backward; second weight and gradient buffers " +
+        "backward, it runs during the next step's forward and backward (" +
+        (delay_partial(mc.grad_accum) ? "its first " + std::to_string(delay_stale_micro_batches(mc.grad_accum)) +
+                                            " micro-batches, GHT_OPT_DELAY_MICRO"
+                                      : std::string("all of it")) +
+        "); second weight and gradient buffers " +
         config::format_bytes(delay_w_.bytes() + delay_g_.bytes()) + " of HBM");
   } else if ((opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_) {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
@@ -654,6 +665,9 @@ void CudaRun::load_compute_weights(std::size_t r, int ahead, std::span<const flo
   GHT_EXPECTS(ahead == 0 || ahead == 1, "load_compute_weights: ahead must be 0 or 1");
   if (ahead == 0) {
     model_->load_weights(t.offset, w);
+    // A partial delay's fresh micro-batches compute with master's weights, which load_weights
+    // left in the other buffer.
+    fresh_pending_ = delay_partial(cfg_.model.grad_accum);
     return;
   }
   GHT_EXPECTS(w.size() == t.numel, "load_compute_weights: " + std::to_string(w.size()) + " values for " + t.name);
@@ -1030,6 +1044,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   if (first_step_ < 0) first_step_ = step;
   cur_ = ev_[step_ % 2].get();  // prev_ is the other set: the previous step's events
   std::fill(cur_->waited.begin(), cur_->waited.end(), false);
+  cur_->rotated = false;
   stream_host_ms_ = 0;
   spec_host_ms_ = 0;
 
@@ -1042,6 +1057,9 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   speculate_now_ = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ &&
                    !delay_ && opt_->stats().last_clip_coef == 1.0;
   const bool delayed = delayed_at(step);  // false in the exact warm-up (GHT_OPT_DELAY_WARMUP)
+  // A partial delay (GHT_OPT_DELAY_MICRO = j < A): micro-batches j.. compute with update k's weights.
+  const int stale = delayed ? delay_stale_micro_batches(A) : A;
+  const bool partial = stale < A;
   Batch b;
   double loss = 0, aux = 0;
   // Loss slots cycle; a slot is read back before it is reused (only when grad_accum > 63). The
@@ -1057,6 +1075,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   for_each_rank_batch(data, A, s_.comm->rank(), s_.comm->size(), b, [&](int m, const Batch& mb) {
     micro_ = m;
     if (micro_ >= kSlots) add_loss(micro_ - kSlots);
+    if (partial && micro_ == stale && fresh_pending_) take_fresh_weights();
     // Quiet hooks let the model replay this micro-batch as a CUDA graph (which calls no hook).
     const char* busy = hooks_busy_reason({micro_, A, stream_grads_, shards_ != nullptr, speculate_now_, tracer_ != nullptr});
     quiet_now_ = busy == nullptr;
@@ -1086,11 +1105,10 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
-  cur_->rotated = false;
-  if (delayed) rotate_delayed_buffers();
+  if (delayed) rotate_delayed_buffers(partial);
   // The prediction only where the next step computes one update behind: the exact warm-up's
   // updates write plain bf16 master, which the next step computes with.
-  opt_->set_weight_extrapolation(delayed ? delay_weight_extrapolation() : 0.0);
+  opt_->set_weight_extrapolation(delayed ? delay_weight_extrapolation(A) : 0.0);
   join_timer();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
@@ -1099,6 +1117,9 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   if (gpu_opt) cur_->opt_start.record(opt_->stream());
   if (tracer_) tracer_->set_op(kOpUpdate);
   if (delayed) {
+    // A skipped update writes no weights: other_w_ then keeps older ones, and the model's stay
+    // master's (partial delay: nothing to switch to).
+    fresh_pending_ = partial && sr.taken;
     launch_update_async();
   } else {
     opt_->update_all();  // cpu regions first: the optimizer's worker starts on them at once
@@ -1141,32 +1162,59 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   return o;
 }
 
-void CudaRun::rotate_delayed_buffers() {
+void CudaRun::rotate_delayed_buffers(bool partial) {
   const cudaStream_t s = model_->stream();
   join_update();
   // The compute stream waits for the previous update: it wrote other_w_ and read other_g_.
-  // (Before the first update no event was recorded: nothing to wait for.)
-  cur_->rotate_before.record(s);
-  for (std::size_t r = 0; r < opt_->num_regions(); ++r) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
-  cur_->rotate_after.record(s);
-  cur_->rotated = true;
-  // The first delayed step (after the exact warm-up, or of a fresh run): the previous update
-  // wrote the model's own buffer, so the other one gets those weights (the next step computes
-  // with master, once). After a resume past the warm-up the other buffer holds what the
-  // checkpoint kept for it.
-  if (!delayed_at(step_ - 1)) {
-    GHT_CUDA_TRY(cudaMemcpyAsync(other_w_, model_->weights(), model_->num_params() * sizeof(__nv_bfloat16),
-                                 cudaMemcpyDeviceToDevice, s));
+  // (Before the first update no event was recorded: nothing to wait for.) A partial delay waited
+  // in the step already (take_fresh_weights), unless there was nothing to switch to.
+  if (!cur_->rotated) {
+    cur_->rotate_before.record(s);
+    for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+      GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+    }
+    cur_->rotate_after.record(s);
+    cur_->rotated = true;
   }
-  const auto [w, g] = model_->swap_buffers(other_w_, other_g_);
-  other_w_ = w;  // the weights this step computed with: the update writes the next ones there
-  other_g_ = g;  // this step's gradients: the update reads them there
+  if (partial) {
+    // The model keeps the weights its fresh micro-batches computed with (master before this
+    // update) for the next step's stale ones; this update writes the buffer the stale ones of
+    // this step computed with.
+    other_g_ = model_->swap_buffers(model_->weights(), other_g_).second;
+  } else {
+    // The first delayed step (after the exact warm-up, or of a fresh run): the previous update
+    // wrote the model's own buffer, so the other one gets those weights (the next step computes
+    // with master, once). After a resume past the warm-up the other buffer holds what the
+    // checkpoint kept for it.
+    if (!delayed_at(step_ - 1)) {
+      GHT_CUDA_TRY(cudaMemcpyAsync(other_w_, model_->weights(), model_->num_params() * sizeof(__nv_bfloat16),
+                                   cudaMemcpyDeviceToDevice, s));
+    }
+    const auto [w, g] = model_->swap_buffers(other_w_, other_g_);
+    other_w_ = w;  // the weights this step computed with: the update writes the next ones there
+    other_g_ = g;  // this step's gradients: the update reads them there
+  }
   const std::size_t gsize = optimizer::grad_type_size(model_->grad_type());
   const auto& ts = model_->tensors();
   for (std::size_t r = 0; r < ts.size(); ++r) {
     opt_->set_grad(r, static_cast<const char*>(other_g_) + ts[r].offset * gsize, model_->grad_type());
     opt_->set_weight(r, other_w_ + ts[r].offset);
   }
+}
+
+void CudaRun::take_fresh_weights() {
+  const cudaStream_t s = model_->stream();
+  join_update();  // every region's event is recorded once its launches are
+  cur_->rotate_before.record(s);
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
+    GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+  }
+  cur_->rotate_after.record(s);
+  cur_->rotated = true;
+  // The stale micro-batches are queued before this on the same stream: their weights are free
+  // for the next update once this step's backward ends (rotate_delayed_buffers).
+  other_w_ = model_->swap_buffers(other_w_, model_->grads()).first;
+  fresh_pending_ = false;
 }
 
 void CudaRun::record_update_end(StepEvents& ev) {
