@@ -62,6 +62,17 @@ float bf16_round(float f) {
   return f;
 }
 
+// A run whose updates move nothing: lr 1e-30 changes no weight of magnitude above ~1e-22 (fp32
+// keeps 24 bits), and the init draws none that small, so every step computes with the initial
+// weights.
+TrainConfig frozen(TrainConfig c) {
+  c.schedule.kind = ScheduleKind::constant;
+  c.schedule.lr = 1e-30;
+  c.schedule.min_lr = 1e-30;
+  c.schedule.warmup_steps = 0;
+  return c;
+}
+
 class DelayedUpdate : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -188,14 +199,8 @@ TEST_P(DelayedUpdate, WithThePredictionStepKPlusOneComputesWithMasterAfterKMinus
 TEST_P(DelayedUpdate, StepOneIsExactAndStepTwoSeesTheInitialWeights) {
   const TrainConfig exact_cfg = config("exact");
   (void)train(exact_cfg, quiet("", 2));
-  // The first update moves nothing, so step 2 computes with the initial weights: lr 1e-30 changes
-  // no weight of magnitude above ~1e-22 (fp32 keeps 24 bits), and the init draws none that small.
-  TrainConfig frozen = config("lr0");
-  frozen.schedule.kind = ScheduleKind::constant;
-  frozen.schedule.lr = 1e-30;
-  frozen.schedule.min_lr = 1e-30;
-  frozen.schedule.warmup_steps = 0;
-  (void)train(frozen, quiet("", 2));
+  // The first update moves nothing, so step 2 computes with the initial weights.
+  (void)train(frozen(config("lr0")), quiet("", 2));
   {
     ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
     (void)train(config("delayed"), quiet("", 2));
@@ -255,12 +260,7 @@ TEST_P(DelayedUpdate, APartialDelayComputesItsFirstMicroBatchesStaleAndTheRestFr
   };
   ASSERT_EQ(on_same("x").model.grad_accum, 2);
   (void)train(on_same("exact"), quiet("", 2));
-  TrainConfig frozen = on_same("lr0");
-  frozen.schedule.kind = ScheduleKind::constant;
-  frozen.schedule.lr = 1e-30;
-  frozen.schedule.min_lr = 1e-30;
-  frozen.schedule.warmup_steps = 0;
-  (void)train(frozen, quiet("", 2));
+  (void)train(frozen(on_same("lr0")), quiet("", 2));
   {
     ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
     ght::test::ScopedFlag stale("GHT_OPT_DELAY_MICRO", "1");
