@@ -127,7 +127,7 @@ struct StepEvents {
   Event opt_start, opt_end;
   bool opt_timed = false;
   Event rotate_before, rotate_after;  // delayed mode: the wait for the previous update
-  bool rotated = false;
+  bool rotated = false;               // waited for it in this step (wait_for_update)
 };
 
 struct StepProfile {
@@ -256,6 +256,8 @@ class CudaRun final : public TrainBackend {
   /// Partial delay (GHT_OPT_DELAY_MICRO), before the step's first fresh micro-batch: wait for the
   /// update in flight and compute with the weights it writes from now on.
   void take_fresh_weights();
+  /// Delayed mode: the compute stream waits for the update in flight, once per step.
+  void wait_for_update();
   /// Delayed mode: launch every region's update from a thread of its own (the dma path's
   /// launches block on a full queue for most of the update; the next step's must not wait).
   void launch_update_async();
@@ -1162,20 +1164,22 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   return o;
 }
 
+// The compute stream waits for the update in flight (the previous step's): it writes other_w_ and
+// reads other_g_. Once per step; the wait is the step's stall (rotate_before to rotate_after).
+// (Before the first update no event was recorded: nothing to wait for.)
+void CudaRun::wait_for_update() {
+  join_update();  // every region's event is recorded once its launches are
+  if (cur_->rotated) return;
+  const cudaStream_t s = model_->stream();
+  cur_->rotate_before.record(s);
+  for (std::size_t r = 0; r < opt_->num_regions(); ++r) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+  cur_->rotate_after.record(s);
+  cur_->rotated = true;
+}
+
 void CudaRun::rotate_delayed_buffers(bool partial) {
   const cudaStream_t s = model_->stream();
-  join_update();
-  // The compute stream waits for the previous update: it wrote other_w_ and read other_g_.
-  // (Before the first update no event was recorded: nothing to wait for.) A partial delay waited
-  // in the step already (take_fresh_weights), unless there was nothing to switch to.
-  if (!cur_->rotated) {
-    cur_->rotate_before.record(s);
-    for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-      GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
-    }
-    cur_->rotate_after.record(s);
-    cur_->rotated = true;
-  }
+  wait_for_update();  // a partial delay waited in the step already, unless it had nothing to switch to
   if (partial) {
     // The model keeps the weights its fresh micro-batches computed with (master before this
     // update) for the next step's stale ones; this update writes the buffer the stale ones of
@@ -1203,14 +1207,7 @@ void CudaRun::rotate_delayed_buffers(bool partial) {
 }
 
 void CudaRun::take_fresh_weights() {
-  const cudaStream_t s = model_->stream();
-  join_update();  // every region's event is recorded once its launches are
-  cur_->rotate_before.record(s);
-  for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-    GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
-  }
-  cur_->rotate_after.record(s);
-  cur_->rotated = true;
+  wait_for_update();
   // The stale micro-batches are queued before this on the same stream: their weights are free
   // for the next update once this step's backward ends (rotate_delayed_buffers).
   other_w_ = model_->swap_buffers(other_w_, model_->grads()).first;
