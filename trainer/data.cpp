@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cerrno>
@@ -29,6 +30,8 @@ static_assert(std::endian::native == std::endian::little,
               "shards and .npy arrays are read as little-endian in place");
 
 namespace {
+
+std::atomic<std::int64_t> g_fill_fault{-1};  // fail_next_fill_after_for_testing
 
 [[noreturn]] void io_fail(const std::string& path, const std::string& what) {
   throw io_error(path + ": " + what);
@@ -481,6 +484,9 @@ struct DataLoader::Impl {
   }
 
   void fill(Batch& out) {
+    if (g_fill_fault.load(std::memory_order_relaxed) >= 0 && g_fill_fault.fetch_sub(1) == 0) {
+      throw io_error("data loader: injected read failure (fail_next_fill_after_for_testing)");
+    }
     const int B = opt.batch, T = opt.seq_len;
     out.batch = B;
     out.seq_len = T;
@@ -548,6 +554,10 @@ DataLoader::DataLoader(const std::string& pattern, LoaderOptions opt)
 DataLoader::~DataLoader() = default;
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
+
+void fail_next_fill_after_for_testing(std::int64_t batches) {
+  g_fill_fault.store(batches < 0 ? -1 : batches);
+}
 
 Batch DataLoader::next() {
   Batch b;

@@ -186,6 +186,14 @@ class DataLoader {
 };
 
 /**
+ * @brief Fault injection for tests: every DataLoader of this process fills `batches` more batches,
+ * then its next fill throws ght::io_error (as a shard that cannot be read would) before it
+ * changes any state, once; a negative count turns it off. Recovery tests use it to fail a
+ * training step part-way through its micro-batches.
+ */
+void fail_next_fill_after_for_testing(std::int64_t batches);
+
+/**
  * @brief One optimizer step's micro-batches for rank `rank` of `ranks` (the contract of
  * TrainBackend::step, trainer/loop.hpp): reads ranks·per_rank batches from `data` into `b`, so
  * every rank's loader stays at the same position, and calls f(i, b) for this rank's i-th one

@@ -124,9 +124,16 @@ class CpuBackend final : public TrainBackend {
     model_.zero_grad();
     // A partial delay (GHT_OPT_DELAY_MICRO = j): micro-batches j+1.. wait for the previous update
     // and compute with master (after an exact step the weights already are master's).
+    // The stale weights stay in next_ (otherwise unused by a partial delay) until the step ends,
+    // so that a step failing after the switch can put them back (recover_after_failed_step).
     const int stale = delayed ? delay_stale_micro_batches(mc.grad_accum) : mc.grad_accum;
+    switched_ = false;
     for_each_rank_batch(data, mc.grad_accum, rank, N, batch_, [&](int m, const Batch& b) {
-      if (m == stale) copy_master_to_params();
+      if (m == stale) {
+        std::copy(model_.params().begin(), model_.params().end(), next_.begin());
+        switched_ = true;
+        copy_master_to_params();
+      }
       const Loss l = model_.forward(b.inputs.data(), b.targets.data(), B, T);
       model_.backward(1.0f / static_cast<float>(share));
       o.loss += l.ce / share;
@@ -168,6 +175,14 @@ class CpuBackend final : public TrainBackend {
     }
     o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return o;
+  }
+
+  // A step that failed after a partial delay's switch: the next step's stale micro-batches
+  // compute with the weights this one's did (what a checkpoint written now keeps).
+  bool recover_after_failed_step() override {
+    if (switched_) std::copy(next_.begin(), next_.end(), model_.params().begin());
+    switched_ = false;
+    return true;
   }
 
   double eval_loss(const Batch& b) override {
@@ -246,7 +261,8 @@ class CpuBackend final : public TrainBackend {
   MoEModel<float> model_;
   std::shared_ptr<alloc::tiered_allocator> alloc_ = alloc::make_default_tiered_allocator();
   bool delay_ = trainer::delayed_update();  // GHT_OPT_DELAY
-  std::vector<float> next_;                 // delayed mode: the step after next's weights
+  std::vector<float> next_;                 // delayed mode: the step after next's weights (partial: this step's stale ones)
+  bool switched_ = false;                   // partial delay: this step's fresh micro-batches began
   std::vector<float> scratch_;              // delayed mode: one region's master
   std::unique_ptr<StateShards> shards_;      // ZeRO-1 (N > 1, dist.optimizer_state=sharded)
   std::vector<TensorSlice> slices_;          // what each optimizer region holds

@@ -9,7 +9,8 @@
 //     step's (master of step k extrapolated);
 //   - step 1 is the exact run's step 1;
 //   - stopping and resuming matches an uninterrupted delayed run bit for bit (losses and every
-//     checkpoint file);
+//     checkpoint file), and so does resuming from the checkpoint a step failing part-way writes
+//     (a partial delay's step, after its switch to the fresh weights);
 //   - checkpoints of one mode resume in the other with a note that says what happens;
 //   - with an exact warm-up (GHT_OPT_DELAY_WARMUP=W) the first W steps and step W+1 are the exact
 //     run's, and a stop and resume across the switch matches the straight run.
@@ -27,7 +28,9 @@
 #include "common/gpu.hpp"
 #include "common/registry.hpp"
 #include "common/temp_dir.hpp"
+#include "tier/error.hpp"
 #include "trainer/checkpoint.hpp"
+#include "trainer/data.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/train.hpp"
 #include "trainer/train_run_util.hpp"
@@ -273,6 +276,54 @@ TEST_P(DelayedUpdate, APartialDelayComputesItsFirstMicroBatchesStaleAndTheRestFr
   ASSERT_GT(std::abs(exact.at(2) - lr0.at(2)), 1e-3) << "update 1 hardly moves the loss: a weak test";
   const double want = 0.5 * (exact.at(2) + lr0.at(2));
   EXPECT_NEAR(partial.at(2), want, 1e-5 * want) << "exact " << exact.at(2) << ", initial weights " << lr0.at(2);
+}
+
+// A partial delay whose step fails part-way, after its switch to the fresh weights (its data
+// cannot be read): the checkpoint written before the error is rethrown keeps the weights the
+// step's stale micro-batches computed with, so the resumed run matches a straight one bit for bit.
+TEST_P(DelayedUpdate, AStepThatFailsAfterItsSwitchResumesByteForByte) {
+  ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+  ght::test::ScopedFlag plain("GHT_OPT_DELAY_PREDICT", "0");
+  ght::test::ScopedFlag stale("GHT_OPT_DELAY_MICRO", "1");
+  auto three = [&](const std::string& name) {  // 1 of 3 micro-batches stale
+    TrainConfig c = config(name);
+    c.model.grad_accum = 3;
+    return c;
+  };
+  const TrainConfig straight = three("straight");
+  TrainConfig cfg = three("failed");
+  cfg.ckpt_every = 100;  // the only checkpoint before the end is the one the failure writes
+  (void)train(straight, quiet());
+  // Steps 1-3 read 9 batches; step 4 reads 2 (micro-batch 2 computes after the switch), then fails.
+  constexpr std::int64_t kDone = 3;
+  fail_next_fill_after_for_testing(kDone * 3 + 2);
+  std::string msg;
+  try {
+    (void)train(cfg, quiet());
+  } catch (const ght::io_error& e) {
+    msg = e.what();
+  }
+  fail_next_fill_after_for_testing(-1);
+  ASSERT_NE(msg.find("injected read failure"), std::string::npos) << "the run did not fail where injected: " << msg;
+  ASSERT_EQ(list_checkpoints(cfg.out), std::vector<std::int64_t>{kDone});
+  const std::vector<const char*> files = {"optimizer.master.safetensors", "optimizer.m.safetensors",
+                                          "optimizer.v.safetensors", "model.safetensors", kComputeWeights};
+  for (const std::int64_t k : {kDone, cfg.steps}) {
+    if (k == cfg.steps) {
+      const TrainSummary s = train(cfg, quiet("auto"));
+      EXPECT_EQ(s.first_step, kDone);
+      EXPECT_EQ(s.last_step, cfg.steps);
+    }
+    for (const char* f : files) {  // (EXPECT_TRUE: no dump of the files' bytes)
+      EXPECT_TRUE(ght::trainer::fileio::read_all(ckpt(straight.out, k) + "/" + f) ==
+                  ght::trainer::fileio::read_all(ckpt(cfg.out, k) + "/" + f))
+          << "checkpoint " << k << ": " << f << " differs between the straight and the failed run";
+    }
+  }
+  const auto a = test::read_log(straight.out).loss, b = test::read_log(cfg.out).loss;
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (const auto& [step, loss] : a) EXPECT_EQ(b.at(step), loss) << "step " << step;  // bit-identical
 }
 
 TEST_P(DelayedUpdate, ACheckpointOfTheOtherModeResumesWithANote) {

@@ -368,6 +368,8 @@ class CudaRun final : public TrainBackend {
   // Partial delay: other_w_ holds (or the update in flight writes) master's weights, newer than
   // the model's; the step's first fresh micro-batch switches to them (take_fresh_weights).
   bool fresh_pending_ = false;
+  // ...and this step switched to them (recover_after_failed_step switches back).
+  bool switched_ = false;
   std::future<void> update_;  // the update thread's launches
   std::future<void> timer_;   // exact mode: records opt_end (time_update_async)
   dist::GpuChoice gpu_choice_;
@@ -698,6 +700,13 @@ bool CudaRun::recover_after_failed_step() {
     opt_->synchronize();
   } catch (const std::exception&) {
     return false;
+  }
+  // A partial delay that switched to the fresh weights: the model gets back the stale ones,
+  // which the next step's first micro-batches compute with (and a checkpoint written now keeps).
+  if (switched_) {
+    other_w_ = model_->swap_buffers(other_w_, model_->grads()).first;
+    fresh_pending_ = true;
+    switched_ = false;
   }
   return true;
 }
@@ -1047,6 +1056,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   cur_ = ev_[step_ % 2].get();  // prev_ is the other set: the previous step's events
   std::fill(cur_->waited.begin(), cur_->waited.end(), false);
   cur_->rotated = false;
+  switched_ = false;
   stream_host_ms_ = 0;
   spec_host_ms_ = 0;
 
@@ -1212,6 +1222,7 @@ void CudaRun::take_fresh_weights() {
   // for the next update once this step's backward ends (rotate_delayed_buffers).
   other_w_ = model_->swap_buffers(other_w_, model_->grads()).first;
   fresh_pending_ = false;
+  switched_ = true;
 }
 
 void CudaRun::record_update_end(StepEvents& ev) {
