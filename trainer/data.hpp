@@ -186,10 +186,10 @@ class DataLoader {
 };
 
 /**
- * @brief Fault injection for tests: every DataLoader of this process fills `batches` more batches,
- * then its next fill throws ght::io_error (as a shard that cannot be read would) before it
- * changes any state, once; a negative count turns it off. Recovery tests use it to fail a
- * training step part-way through its micro-batches.
+ * @brief Fault injection for tests: the DataLoaders of this process together fill `batches` more
+ * batches (one count for all of them), then the next fill throws ght::io_error (as a shard that
+ * cannot be read would) before it changes any state, once; a negative count turns it off.
+ * Recovery tests use it to fail a training step part-way through its micro-batches.
  */
 void fail_next_fill_after_for_testing(std::int64_t batches);
 
