@@ -159,7 +159,7 @@ class CpuBackend final : public TrainBackend {
     // backend's).
     // In the exact warm-up next_ follows master, so the first delayed step computes with master.
     // A partial delay keeps the weights its fresh micro-batches computed with (master before this
-    // update) for the next step's stale ones, and needs no next_.
+    // update) for the next step's stale ones; its next_ only holds this step's stale weights.
     const bool partial = delayed && stale < mc.grad_accum;
     if (delayed && !partial) std::copy(next_.begin(), next_.end(), model_.params().begin());
     const optimizer::StepResult sr = delayed && !partial ? delayed_step(lr) : opt_->step(lr);

@@ -56,6 +56,17 @@ std::string ckpt(const std::string& run, std::int64_t step) {
   return run + b;
 }
 
+// Each of `files` is the same bytes in checkpoint `step` of both runs (EXPECT_TRUE: a failure
+// names the file without dumping its bytes).
+void expect_same_files(const std::string& run_a, const std::string& run_b, std::int64_t step,
+                       const std::vector<const char*>& files) {
+  for (const char* f : files) {
+    EXPECT_TRUE(ght::trainer::fileio::read_all(ckpt(run_a, step) + "/" + f) ==
+                ght::trainer::fileio::read_all(ckpt(run_b, step) + "/" + f))
+        << "checkpoint " << step << ": " << f << " differs between " << run_a << " and " << run_b;
+  }
+}
+
 // Round to the nearest bf16, ties to even (what the GPU's weights hold of a master value).
 float bf16_round(float f) {
   std::uint32_t u;
@@ -238,11 +249,7 @@ TEST_P(DelayedUpdate, StopAndResumeMatchesAStraightRunByteForByte) {
                                       "optimizer.v.safetensors", "model.safetensors", kComputeWeights};
     if (!partial) files.push_back(kNextComputeWeights);
     EXPECT_EQ(std::filesystem::exists(ckpt(straight.out, 6) + "/" + kNextComputeWeights), !partial);
-    for (const char* f : files) {
-      EXPECT_EQ(ght::trainer::fileio::read_all(ckpt(straight.out, 6) + "/" + f),
-                ght::trainer::fileio::read_all(ckpt(cfg.out, 6) + "/" + f))
-          << f << " differs between the straight and the resumed run";
-    }
+    expect_same_files(straight.out, cfg.out, 6, files);
   }
 }
 
@@ -314,11 +321,7 @@ TEST_P(DelayedUpdate, AStepThatFailsAfterItsSwitchResumesByteForByte) {
       EXPECT_EQ(s.first_step, kDone);
       EXPECT_EQ(s.last_step, cfg.steps);
     }
-    for (const char* f : files) {  // (EXPECT_TRUE: no dump of the files' bytes)
-      EXPECT_TRUE(ght::trainer::fileio::read_all(ckpt(straight.out, k) + "/" + f) ==
-                  ght::trainer::fileio::read_all(ckpt(cfg.out, k) + "/" + f))
-          << "checkpoint " << k << ": " << f << " differs between the straight and the failed run";
-    }
+    expect_same_files(straight.out, cfg.out, k, files);
   }
   const auto a = test::read_log(straight.out).loss, b = test::read_log(cfg.out).loss;
   ASSERT_EQ(a.size(), 6u);
@@ -371,11 +374,8 @@ TEST_P(DelayedUpdate, AnExactWarmUpRunsTheExactStepsAndResumesAcrossTheSwitch) {
     const auto r = test::read_log(cfg.out).loss;
     ASSERT_EQ(r.size(), 6u);
     for (const auto& [step, loss] : d) EXPECT_EQ(r.at(step), loss) << "step " << step;
-    for (const char* f : {"optimizer.master.safetensors", "model.safetensors", kComputeWeights, kNextComputeWeights}) {
-      EXPECT_EQ(ght::trainer::fileio::read_all(ckpt(straight.out, 6) + "/" + f),
-                ght::trainer::fileio::read_all(ckpt(cfg.out, 6) + "/" + f))
-          << f << " differs between the straight and the resumed run";
-    }
+    expect_same_files(straight.out, cfg.out, 6,
+                      {"optimizer.master.safetensors", "model.safetensors", kComputeWeights, kNextComputeWeights});
   }
 }
 
