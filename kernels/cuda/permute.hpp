@@ -39,6 +39,13 @@ void moe_permute_plan(std::int32_t* expert_offsets, std::int32_t* src_token,
 void moe_permute_forward(__nv_bfloat16* xp, const __nv_bfloat16* x, const std::int32_t* src_token,
                          std::int64_t N, int K, int C, cudaStream_t stream);
 
+/// The same xp as moe_permute_forward, written in token order: xp[dst_row[t·K+k], :] = x[t, :]
+/// (assignments that moe_permute_plan did not place are skipped). It reads each row of x once,
+/// where the gather reads it K times; use it wherever dst_row is at hand.
+void moe_permute_forward_by_token(__nv_bfloat16* xp, const __nv_bfloat16* x,
+                                  const std::int32_t* dst_row, std::int64_t N, int K, int C,
+                                  cudaStream_t stream);
+
 /// Backward of the gather: dx[t, :] = sum_k dxp[dst_row[t·K+k], :]. dx (N, C) overwritten.
 void moe_permute_backward(__nv_bfloat16* dx, const __nv_bfloat16* dxp, const std::int32_t* dst_row,
                           std::int64_t N, int K, int C, cudaStream_t stream);

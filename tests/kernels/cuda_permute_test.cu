@@ -42,7 +42,8 @@ struct Case {
   std::int64_t n;
   int k, e, c;
 };
-// K = 10: more assignments per token than any preset; C = 36: the scalar (VEC = 1) kernels.
+// K = 10: more assignments per token than any preset (and than the un-permute backward's rows at
+// once, 8: its loop kernel); C = 36: the scalar (VEC = 1) kernels.
 const Case kCases[] = {{1500, 4, 64, 64}, {100, 2, 3, 40}, {300, 8, 1000, 128}, {1, 1, 1, 8},
                        {4097, 2, 16, 24}, {200, 10, 48, 36}};
 
@@ -91,6 +92,9 @@ TEST(CudaPermute, PlanGatherCombineMatchCpu) {
     d_xp.poison();
     d_dyp.poison();
     kc::moe_permute_forward(d_xp.get(), d_x.get(), d_src.get(), N, cs.k, C, stream.get());
+    DeviceBuffer<bf16> d_xp_tok(A * C);
+    d_xp_tok.poison();
+    kc::moe_permute_forward_by_token(d_xp_tok.get(), d_x.get(), d_dst.get(), N, cs.k, C, stream.get());
     kc::moe_permute_backward(d_dx.get(), d_dxp.get(), d_dst.get(), N, cs.k, C, stream.get());
     kc::moe_unpermute_forward(d_out.get(), d_yp.get(), d_w.get(), d_dst.get(), N, cs.k, C,
                               stream.get());
@@ -98,6 +102,7 @@ TEST(CudaPermute, PlanGatherCombineMatchCpu) {
                                d_dst.get(), N, cs.k, C, stream.get());
     stream.sync();
     EXPECT_TRUE(all_close("xp", download_f32(d_xp), xp, 0.0f, 0.0f));
+    EXPECT_TRUE(all_close("xp by token", download_f32(d_xp_tok), xp, 0.0f, 0.0f));
     EXPECT_TRUE(all_close("dx", download_f32(d_dx), dx, 1e-3f, 8e-3f));
     EXPECT_TRUE(all_close("out", download_f32(d_out), out, 1e-3f, 8e-3f));
     EXPECT_TRUE(all_close("dyp", download_f32(d_dyp), dyp, 1e-4f, 8e-3f));

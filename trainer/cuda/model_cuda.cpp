@@ -712,8 +712,8 @@ struct CudaMoEModel::Impl {
       kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
                            static_cast<int>(E), stream);
       op("permute", l);
-      kc::moe_permute_forward(big, a.ln2, a.src_token, N, static_cast<int>(K), static_cast<int>(d),
-                              stream);
+      kc::moe_permute_forward_by_token(big, a.ln2, a.dst_row, N, static_cast<int>(K),
+                                       static_cast<int>(d), stream);
     }
     if (kc::needs_host_offsets(opts.expert_impl)) {
       op("expert offsets download", l);
@@ -830,7 +830,7 @@ struct CudaMoEModel::Impl {
     op("SwiGLU backward", l);
     kc::swiglu_backward(dgu, dgu + F, 2 * F, dact, F, a.gu, a.gu + F, 2 * F, NK, static_cast<int>(F), stream);
     op("permute (re-gather for the weight gradient)", l);
-    kc::moe_permute_forward(big, a.ln2, a.src_token, N, Ki, di, stream);
+    kc::moe_permute_forward_by_token(big, a.ln2, a.dst_row, N, Ki, di, stream);
     op("expert gate_up grouped GEMM (backward, weights)", l);
     grouped_k(a, 2 * F, d, dgu, big, grad<GT>(x.expert0), ct, d);
     op("expert gate_up grouped GEMM (backward, data)", l);
