@@ -64,13 +64,16 @@ bool parse_args(int argc, char** argv, Args& args, int& rc) {
                  "CPU shares to measure (default: 0, 1, the predicted best and +-0.05, +-0.1, +0.2 around it)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--split-only", args.split_only, "run the split sweep only (the triad and link rooflines still run)");
+  app.add_option("--beside-params", args.beside_params,
+                 "the gpu_link dma update of this many parameters alone and beside compute loads (0 = off)");
+  app.add_flag("--beside-only", args.beside_only, "run the beside-compute rows only (the link rooflines still run)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     rc = app.exit(e);
     return false;
   }
-  if (args.split_only) args.sizes.clear();
+  if (args.split_only || args.beside_only) args.sizes.clear();
   return true;
 }
 

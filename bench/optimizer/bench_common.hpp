@@ -119,6 +119,11 @@ struct Args {
   std::uint64_t region_params = 2097152;  ///< device rows in regions of this many parameters too (0: off)
   std::vector<double> split_shares;
   bool split_only = false;
+  /// The gpu_link dma update of this many parameters alone and beside compute loads on another
+  /// stream (persistent GEMMs on every SM or on fewer, short GEMMs, an HBM stream); 0 = off;
+  /// --beside-only skips the per-size rows.
+  std::uint64_t beside_params = 0;
+  bool beside_only = false;
 };
 
 struct Report {

@@ -27,9 +27,16 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "bench_common.hpp"
+#include "kernels/cuda/gemm.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/adamw_kernels.hpp"
@@ -228,10 +235,10 @@ struct Setup {
   }
 };
 
-/// The update phase alone (norm and decision outside the timed region), then the whole step.
-void time_update_and_step(const Args& args, optimizer::AdamW& opt, Stats& update, Stats& step) {
+/// The update phase alone (norm and decision outside the timed region): a warm-up, `runs` timed.
+Stats time_update(int runs, optimizer::AdamW& opt) {
   std::vector<double> samples;
-  for (int i = -1; i < args.runs; ++i) {
+  for (int i = -1; i < runs; ++i) {
     (void)opt.begin_step(1e-4);
     const auto t0 = std::chrono::steady_clock::now();
     opt.update_all();
@@ -239,7 +246,12 @@ void time_update_and_step(const Args& args, optimizer::AdamW& opt, Stats& update
     const auto t1 = std::chrono::steady_clock::now();
     if (i >= 0) samples.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
-  update = summarize(samples);
+  return summarize(samples);
+}
+
+/// The update phase alone, then the whole step.
+void time_update_and_step(const Args& args, optimizer::AdamW& opt, Stats& update, Stats& step) {
+  update = time_update(args.runs, opt);
   step = time_runs(args.runs, [&] {
     (void)opt.step(1e-4);
     opt.synchronize();
@@ -362,6 +374,150 @@ void run_split(const Args& args, Report& report, const tier::LinkNumbers& link_m
                            {"fastest_reached", fastest->achieved},
                            {"fastest_update_s", fastest->update.median},
                            {"points", rows}};
+}
+
+// One HBM pass per block (64 KiB read, 64 KiB written), so its blocks retire in microseconds and
+// other kernels' blocks can take SMs between them: HBM traffic without holding the SMs.
+__global__ void hbm_stream_kernel(float4* __restrict__ dst, const float4* __restrict__ src) {
+  const std::size_t i = static_cast<std::size_t>(blockIdx.x) * 4096 + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) dst[i + j * 256] = src[i + j * 256];
+}
+
+/// A load on a stream of its own, kept queued by a host thread until stop(): `batch` calls of
+/// `enqueue`, a synchronisation, again. `done` counts the calls that finished.
+class BackgroundLoad {
+ public:
+  BackgroundLoad(std::function<void(cudaStream_t)> enqueue, int batch)
+      : thread_([this, f = std::move(enqueue), batch] {
+          GHT_CUDA_TRY(cudaSetDevice(device_));
+          while (!stop_.load()) {
+            for (int i = 0; i < batch; ++i) f(stream_);
+            GHT_CUDA_TRY(cudaStreamSynchronize(stream_));
+            done_ += batch;
+          }
+        }) {}
+  ~BackgroundLoad() { stop(); }
+  BackgroundLoad(const BackgroundLoad&) = delete;
+  BackgroundLoad& operator=(const BackgroundLoad&) = delete;
+  /// Calls finished per second since `since`.
+  void mark() {
+    since_ = std::chrono::steady_clock::now();
+    done_at_mark_ = done_.load();
+  }
+  double rate() const {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+    return static_cast<double>(done_.load() - done_at_mark_) / s;
+  }
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  int device_ = [] {
+    int d = 0;
+    GHT_CUDA_TRY(cudaGetDevice(&d));
+    return d;
+  }();
+  Stream stream_;
+  std::atomic<bool> stop_{false};
+  std::atomic<long> done_{0};
+  long done_at_mark_ = 0;
+  std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
+  std::thread thread_;
+};
+
+/// Why does the dma update run up to 2x slower under a training step's compute (bench/NOTES.md,
+/// sessions 15-16)? Its AdamW kernels need SMs between the copies, and the trainer's GEMMs are
+/// persistent kernels that hold every SM for their whole run (milliseconds), which no stream
+/// priority can preempt. The update is timed alone and beside loads that separate the causes:
+/// a persistent LM-head-sized GEMM on every SM and on fewer (cuBLASLt's SM count target), short
+/// GEMMs, and an HBM stream whose blocks retire at once.
+void run_beside(const Args& args, Report& report) {
+  namespace kc = ght::kernels::cuda;
+  const std::uint64_t n = args.beside_params;
+  int dev = 0, sms = 0;
+  GHT_CUDA_TRY(cudaGetDevice(&dev));
+  GHT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  Setup s(n, optimizer::PathChoice::gpu_link, args.threads, optimizer::LinkMode::dma);
+  // Operands of the largest GEMM (4096 x 151,936 x 4096: bench-h200's LM-head logits chunk).
+  const std::int64_t M = 4096, N = 151936, K = 4096;
+  DeviceBuffer a(M * K * 2), b(N * K * 2), c(M * N * 2);
+  GHT_CUDA_TRY(cudaMemset(a.get(), 0, M * K * 2));
+  GHT_CUDA_TRY(cudaMemset(b.get(), 0, N * K * 2));
+  constexpr std::size_t kStreamBytes = std::size_t{1} << 30;
+  DeviceBuffer hs(kStreamBytes), hd(kStreamBytes);
+  GHT_CUDA_TRY(cudaMemset(hs.get(), 0, kStreamBytes));
+  auto gemm = [&](std::int64_t m, std::int64_t nn, std::int64_t k, int target) {
+    return [&, m, nn, k, target](cudaStream_t st) {
+      kc::GemmArgs g;
+      g.m = m;
+      g.n = nn;
+      g.k = k;
+      g.a = static_cast<const __nv_bfloat16*>(a.get());
+      g.b = static_cast<const __nv_bfloat16*>(b.get());
+      g.trans_b = true;
+      g.c = c.get();
+      g.sm_count_target = target;
+      kc::gemm(g, st);
+    };
+  };
+  struct Load {
+    std::string name;
+    std::function<void(cudaStream_t)> f;
+    int batch;
+    double flops, bytes;  // per call
+  };
+  const double big = 2.0 * M * N * K, small = 2.0 * 4096.0 * 4096 * 4096;
+  const std::vector<Load> loads = {
+      {"none", nullptr, 0, 0, 0},
+      {"GEMM 4096x151936x4096 (7 ms), every SM", gemm(M, N, K, 0), 2, big, 0},
+      {"GEMM 4096x151936x4096, SM target " + std::to_string(sms - 8), gemm(M, N, K, sms - 8), 2, big, 0},
+      {"GEMM 4096x151936x4096, SM target " + std::to_string(sms - 16), gemm(M, N, K, sms - 16), 2, big, 0},
+      {"GEMM 4096^3 (0.2 ms), every SM", gemm(4096, 4096, 4096, 0), 32, small, 0},
+      {"HBM stream (short blocks), 1 GiB copy", [&](cudaStream_t st) {
+         hbm_stream_kernel<<<static_cast<unsigned>(kStreamBytes / (4096 * 16)), 256, 0, st>>>(
+             static_cast<float4*>(hd.get()), static_cast<const float4*>(hs.get()));
+         GHT_CUDA_CHECK_LAUNCH();
+       }, 8, 0, 2.0 * kStreamBytes},
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  std::ostringstream table;
+  table << "\n| load beside the gpu_link dma update of " << human_params(n)
+        << " parameters | update s (median) | spread | x alone | load alone | load beside the update |\n"
+        << "| --- | ---: | ---: | ---: | ---: | ---: |\n";
+  double alone = 0;
+  for (const auto& ld : loads) {
+    double load_alone = 0, load_beside = 0;
+    Stats up;
+    if (!ld.f) {
+      up = time_update(args.runs, *s.opt);
+      alone = up.median;
+    } else {
+      BackgroundLoad bg(ld.f, ld.batch);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // warm: plans built, clocks up
+      bg.mark();
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      load_alone = bg.rate();
+      bg.mark();
+      up = time_update(args.runs, *s.opt);
+      load_beside = bg.rate();
+      bg.stop();
+    }
+    auto per_s = [&](double calls) {
+      if (ld.flops > 0) return fmt(calls * ld.flops / 1e12, 0) + " TFLOP/s";
+      if (ld.bytes > 0) return fmt(calls * ld.bytes / 1e9, 0) + " GB/s";
+      return std::string("-");
+    };
+    table << "| " << ld.name << " | " << fmt(up.median, 4) << " | " << fmt(100 * up.spread, 1) << "% | "
+          << fmt(up.median / alone, 2) << " | " << per_s(load_alone) << " | " << per_s(load_beside) << " |\n";
+    rows.push_back({{"load", ld.name}, {"update_s", up.median}, {"spread", up.spread},
+                    {"over_alone", up.median / alone}, {"load_alone_calls_per_s", load_alone},
+                    {"load_beside_calls_per_s", load_beside}});
+  }
+  report.extra["update_beside_compute"] = {{"params", n}, {"rows", rows}};
+  std::cout << table.str();
 }
 
 void run_gpu(const Args& args, Report& report) {
@@ -511,6 +667,7 @@ void run_gpu(const Args& args, Report& report) {
     }
   }
   report.extra["prediction"] = predictions;
+  if (args.beside_params > 0) run_beside(args, report);
   if (args.split_params > 0) {
     if (triad > 0) {
       run_split(args, report, L, triad);

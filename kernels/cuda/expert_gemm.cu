@@ -438,7 +438,7 @@ bool rows_aligned(std::int64_t ld, std::size_t elem) { return (ld * static_cast<
 
 // The fields var-M and var-K share: groups, operands, scalars, the device.
 template <class Args>
-cg::Problem cutlass_problem(const Args& g, const GroupOffsets& o) {
+cg::Problem cutlass_problem(const Args& g, const GroupOffsets& o, cudaStream_t stream) {
   GHT_EXPECTS(o.device != nullptr, "grouped_gemm(cutlass): needs device offsets");
   cg::Problem p;
   p.groups = o.groups;
@@ -457,7 +457,8 @@ cg::Problem cutlass_problem(const Args& g, const GroupOffsets& o) {
     GHT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device));
     sm_device = p.device;
   }
-  p.sm_count = sm_count;
+  const int budget = stream_sm_budget(stream);  // gemm.hpp: fewer SMs, so others may run beside
+  p.sm_count = budget > 0 ? std::min(budget, sm_count) : sm_count;
   return p;
 }
 
@@ -480,7 +481,7 @@ bool covered(const GroupedGemmVarK& g) {
 bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t stream) {
   if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
   if (!covered(g)) return false;
-  cg::Problem p = cutlass_problem(g, o);
+  cg::Problem p = cutlass_problem(g, o, stream);
   p.n = g.n;
   p.k = g.k;
   p.stride_b = g.stride_b;
@@ -496,7 +497,7 @@ bool run_cutlass(const GroupedGemmVarM& g, const GroupOffsets& o, cudaStream_t s
 bool run_cutlass(const GroupedGemmVarK& g, const GroupOffsets& o, cudaStream_t stream) {
   if (!cutlass_available()) GHT_FAIL("grouped_gemm: this build has no CUTLASS (GroupedGemmImpl::cutlass)");
   if (!covered(g)) return false;
-  cg::Problem p = cutlass_problem(g, o);
+  cg::Problem p = cutlass_problem(g, o, stream);
   p.var_k = true;
   p.m = g.m;
   p.n = g.n;

@@ -50,13 +50,14 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using PlanKey = std::array<std::int64_t, 17>;
+using PlanKey = std::array<std::int64_t, 19>;  // the shape, the alignments and the heuristic rank
 
 struct BlasState {
   std::mutex mu;
   std::map<int, cublasLtHandle_t> lt;
   std::map<std::pair<int, cudaStream_t>, void*> workspace;
   std::map<std::pair<int, cudaStream_t>, cublasHandle_t> blas;
+  std::map<std::pair<int, cudaStream_t>, int> sm_budget;  // set_stream_sm_budget; absent: 0
   // shared_ptr: a plan evicted while another thread is still launching with it stays alive.
   std::map<PlanKey, std::shared_ptr<const Plan>> plans;
 };
@@ -141,8 +142,12 @@ std::shared_ptr<const Plan> share_plan(Plan p) {
   });
 }
 
-// Build descriptors and pick the heuristic's best algorithm for one normalised GEMM.
-Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3]) {
+constexpr int kMaxRanks = 32;  // heuristic candidates a benchmark may ask for
+
+// Build descriptors for one normalised GEMM and take the heuristic's algorithm of rank `rank`
+// (0: its best). With `count` set, only count the algorithms it offers (up to rank + 1) into it.
+Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3], int rank = 0,
+               int* count = nullptr) {
   Plan p;
   try {
     GHT_CUBLAS_TRY(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -152,6 +157,11 @@ Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3]) {
                                                   sizeof(op_a)));
     GHT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
                                                   sizeof(op_b)));
+    if (g.sm_count_target > 0) {
+      const std::int32_t sms = g.sm_count_target;
+      GHT_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                    &sms, sizeof(sms)));
+    }
     // Column-major stored shapes: our row-major (r,c) is a column-major (c,r).
     const std::uint64_t a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
     const std::uint64_t b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
@@ -166,7 +176,9 @@ Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3]) {
 
     cublasLtMatmulPreference_t pref = nullptr;
     GHT_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref));
-    cublasLtMatmulHeuristicResult_t result{};
+    GHT_EXPECTS(rank >= 0 && rank < kMaxRanks, "gemm: heuristic rank " + std::to_string(rank) +
+                                                    " is outside [0, " + std::to_string(kMaxRanks) + ")");
+    std::array<cublasLtMatmulHeuristicResult_t, kMaxRanks> results{};
     int found = 0;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     {
@@ -189,15 +201,21 @@ Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3]) {
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                   &al_c, sizeof(al_c));
       if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &result,
-                                            &found);
+        st = cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.la, p.lb, p.lc, p.lc, pref, rank + 1,
+                                            results.data(), &found);
     }
     (void)cublasLtMatmulPreferenceDestroy(pref);
     GHT_CUBLAS_TRY(st);
-    if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
-      throw ght::cuda_error("cuBLASLt found no algorithm for " + shape_text(g));
+    if (count != nullptr) {
+      *count = found;
+    } else if (found <= rank || results[static_cast<std::size_t>(rank)].state != CUBLAS_STATUS_SUCCESS) {
+      throw ght::cuda_error(rank == 0 ? "cuBLASLt found no algorithm for " + shape_text(g)
+                                      : "cuBLASLt offers " + std::to_string(found) +
+                                            " algorithms, not rank " + std::to_string(rank) +
+                                            ", for " + shape_text(g));
+    } else {
+      p.algo = results[static_cast<std::size_t>(rank)].algo;
     }
-    p.algo = result.algo;
   } catch (...) {
     destroy_plan(p);
     throw;
@@ -208,6 +226,7 @@ Plan make_plan(cublasLtHandle_t h, const GemmArgs& g, const int align[3]) {
 void validate(GemmArgs& g) {
   GHT_EXPECTS(g.m >= 0 && g.n >= 0 && g.k >= 0, "gemm: negative dimension in " + shape_text(g));
   GHT_EXPECTS(g.batch >= 0, "gemm: negative batch in " + shape_text(g));
+  GHT_EXPECTS(g.sm_count_target >= 0, "gemm: negative sm_count_target in " + shape_text(g));
   // Packed defaults: the number of stored columns of each row-major operand.
   if (g.lda == 0) g.lda = g.trans_a ? g.m : g.k;
   if (g.ldb == 0) g.ldb = g.trans_b ? g.k : g.n;
@@ -272,6 +291,7 @@ cublasHandle_t blas_handle(cudaStream_t stream) {
 void release_blas_resources() {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
+  s.sm_budget.clear();
   s.plans.clear();  // each plan is destroyed when its last user lets go
   for (auto& [k, h] : s.blas) (void)cublasDestroy(h);
   s.blas.clear();
@@ -281,7 +301,9 @@ void release_blas_resources() {
   s.workspace.clear();
 }
 
-void gemm(const GemmArgs& args, cudaStream_t stream) {
+namespace {
+
+void run_gemm(const GemmArgs& args, int rank, cudaStream_t stream) {
   GemmArgs g = args;
   validate(g);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
@@ -302,10 +324,10 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
 
   const int dev = current_device();
   const int align[3] = {pointer_alignment(g.a), pointer_alignment(g.b), pointer_alignment(g.c)};
-  const PlanKey key = {dev,      g.m,      g.n,        g.k,          g.trans_a,
-                       g.trans_b, g.lda,    g.ldb,      g.ldc,        static_cast<int>(g.c_type),
+  PlanKey key = {dev,      g.m,        g.n,        g.k,          g.trans_a,
+                       g.trans_b, g.lda,     g.ldb,      g.ldc,        static_cast<int>(g.c_type),
                        g.batch,  g.stride_a, g.stride_b, g.stride_c, align[0],
-                       align[1], align[2]};
+                       align[1], align[2],   rank,       g.sm_count_target};
   auto& s = state();
   cublasLtHandle_t h = nullptr;
   void* ws = nullptr;
@@ -314,16 +336,64 @@ void gemm(const GemmArgs& args, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(s.mu);
     h = lt_handle_locked(s, dev);
     ws = workspace_locked(s, dev, stream);
+    if (g.sm_count_target == 0) {
+      const auto b = s.sm_budget.find({dev, stream});
+      if (b != s.sm_budget.end()) {
+        g.sm_count_target = b->second;
+        key[18] = b->second;
+      }
+    }
     auto it = s.plans.find(key);
     if (it == s.plans.end()) {
       if (s.plans.size() >= kMaxPlans) s.plans.clear();
-      it = s.plans.emplace(key, share_plan(make_plan(h, g, align))).first;
+      it = s.plans.emplace(key, share_plan(make_plan(h, g, align, rank))).first;
     }
     plan = it->second;  // descriptors are immutable once built
   }
   const float alpha = g.alpha, beta = g.beta;
   GHT_CUBLAS_TRY(cublasLtMatmul(h, plan->desc, &alpha, g.b, plan->la, g.a, plan->lb, &beta, g.c,
                                 plan->lc, g.c, plan->lc, &plan->algo, ws, kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+void gemm(const GemmArgs& args, cudaStream_t stream) { run_gemm(args, 0, stream); }
+
+void set_stream_sm_budget(cudaStream_t stream, int sms) {
+  GHT_EXPECTS(sms >= 0, "set_stream_sm_budget: the SM budget must be non-negative, got " + std::to_string(sms));
+  const int dev = current_device();
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (sms == 0) {
+    s.sm_budget.erase({dev, stream});
+  } else {
+    s.sm_budget[{dev, stream}] = sms;
+  }
+}
+
+int stream_sm_budget(cudaStream_t stream) {
+  const int dev = current_device();
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto it = s.sm_budget.find({dev, stream});
+  return it == s.sm_budget.end() ? 0 : it->second;
+}
+
+int gemm_heuristic_count(const GemmArgs& args, int max) {
+  GHT_EXPECTS(max >= 1, "gemm_heuristic_count: max must be at least 1, got " + std::to_string(max));
+  GemmArgs g = args;
+  validate(g);
+  if (g.m == 0 || g.n == 0 || g.batch == 0 || g.k == 0) return 1;  // no cuBLASLt call to rank
+  const int align[3] = {pointer_alignment(g.a), pointer_alignment(g.b), pointer_alignment(g.c)};
+  int found = 0;
+  Plan p = make_plan(lt_handle(), g, align, std::min(max, kMaxRanks) - 1, &found);
+  destroy_plan(p);
+  return found;
+}
+
+void gemm_ranked(const GemmArgs& args, int rank, cudaStream_t stream) {
+  GHT_EXPECTS(rank >= 0, "gemm_ranked: rank must be non-negative, got " + std::to_string(rank));
+  run_gemm(args, rank, stream);
 }
 
 }  // namespace ght::kernels::cuda

@@ -56,6 +56,9 @@ struct GemmArgs {
   std::int64_t stride_a = 0;  ///< elements between consecutive A matrices (batch > 1)
   std::int64_t stride_b = 0;  ///< 0 with batch > 1 broadcasts B (e.g. one weight, many inputs)
   std::int64_t stride_c = 0;
+  /// 0: every SM. Otherwise cuBLASLt plans for this many SMs (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET),
+  /// leaving the rest to kernels of other streams (a persistent GEMM otherwise holds them all).
+  int sm_count_target = 0;
 };
 
 /**
@@ -65,6 +68,28 @@ struct GemmArgs {
  * An empty problem (m, n or batch == 0) returns at once; k == 0 scales C by beta.
  */
 void gemm(const GemmArgs& args, cudaStream_t stream);
+
+/**
+ * @brief The SMs that the GEMMs launched on `stream` plan for: gemm() (unless its
+ * GemmArgs::sm_count_target is set) and the CUTLASS grouped expert GEMMs. 0, the default, is every
+ * SM. Their kernels are persistent: one that plans for every SM holds them all until it ends,
+ * which keeps another stream's kernels (the optimizer's AdamW between its copies) off the GPU for
+ * milliseconds whatever the stream priorities. A budget of a few SMs less leaves those free.
+ * Thread-safe; the setting lives until changed or release_blas_resources().
+ */
+void set_stream_sm_budget(cudaStream_t stream, int sms);
+
+/// The budget set_stream_sm_budget() gave `stream` on the current device (0: every SM).
+[[nodiscard]] int stream_sm_budget(cudaStream_t stream);
+
+/// How many algorithms cuBLASLt's heuristic offers for `args`, at most `max` (>= 1; 32 at most). An empty
+/// problem or k == 0, which gemm() runs without cuBLASLt, counts as 1. For benchmarks.
+[[nodiscard]] int gemm_heuristic_count(const GemmArgs& args, int max);
+
+/// gemm() with the heuristic's algorithm of rank `rank` (0 is the one gemm() runs; cached per
+/// shape and rank like gemm()'s). For benchmarks that time the heuristic's other candidates.
+/// @throws ght::cuda_error when the heuristic offers no algorithm of that rank.
+void gemm_ranked(const GemmArgs& args, int rank, cudaStream_t stream);
 
 /// The cached cuBLASLt handle of the current device.
 [[nodiscard]] cublasLtHandle_t lt_handle();

@@ -361,4 +361,36 @@ TEST(CudaExpertGemm, CutlassCapturesIntoCudaGraph) {
   (void)cudaGraphDestroy(graph);
 }
 
+// A stream's SM budget (gemm.hpp, GHT_OPT_SM_RESERVE) gives the persistent CUTLASS kernels fewer
+// CTAs; each tile is still computed whole by one of them, so the result is bit-identical.
+TEST(CudaExpertGemm, CutlassOnFewerSmsIsBitIdentical) {
+  if (!kc::cutlass_available()) GTEST_SKIP() << "this build has no CUTLASS (CMake did not find it)";
+  GHT_REQUIRE_GPU();
+  const std::vector<std::int32_t> counts = {0, 37, 130, 1, 0, 200, 9};
+  const int E = static_cast<int>(counts.size());
+  const std::int64_t R = 377, n = 136, k = 264;
+  const auto a = random_bf16_values(R * k, 17);
+  const auto b = random_bf16_values(E * n * k, 18);
+  TestStream stream;
+  auto d_a = upload_bf16(a);
+  auto d_b = upload_bf16(b);
+  DeviceBuffer<std::int32_t> d_off(offsets_of(counts));
+  DeviceBuffer<bf16> d_c(R * n);
+  kc::GroupedGemmVarM g;
+  g.n = n, g.k = k, g.a = d_a.get(), g.b = d_b.get(), g.stride_b = n * k, g.trans_b = true, g.c = d_c.get();
+  kc::GroupOffsets o;
+  o.groups = E, o.device = d_off.get(), o.max_rows = R;
+  ASSERT_TRUE(kc::cutlass_covers(g));
+  auto run = [&](int budget) {
+    kc::set_stream_sm_budget(stream.get(), budget);
+    d_c.poison();
+    kc::grouped_gemm(g, o, kc::GroupedGemmImpl::cutlass, stream.get());
+    stream.sync();
+    kc::set_stream_sm_budget(stream.get(), 0);
+    return download_f32(d_c);
+  };
+  const auto every = run(0);
+  for (int budget : {1, 7, 100}) EXPECT_EQ(run(budget), every) << "budget " << budget;
+}
+
 }  // namespace

@@ -22,6 +22,8 @@ struct Case {
   int batch = 1;
   bool broadcast_b = false;  // stride_b = 0
   std::int64_t pad = 0;      // extra columns in every leading dimension
+  int sm_count_target = 0;   // GemmArgs::sm_count_target
+  int stream_budget = 0;     // set_stream_sm_budget on the case's stream
 };
 
 // Row-major reference: C[b] = alpha·op(A[b])·op(B[b]) + beta·C[b], accumulated in double.
@@ -47,13 +49,16 @@ std::vector<float> cpu_gemm(const Case& c, const std::vector<float>& a, std::int
   return out;
 }
 
-void run_case(const Case& c, std::uint32_t seed) {
+// rank < 0: gemm(); otherwise gemm_ranked(rank), and *offered (if given) receives how many
+// algorithms the heuristic offers for the shape.
+void run_case(const Case& c, std::uint32_t seed, int rank = -1, int* offered = nullptr) {
   SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
                                     << " ta=" << c.ta << " tb=" << c.tb << " c="
                                     << (c.c_type == kc::DType::bf16 ? "bf16" : "f32")
                                     << " alpha=" << c.alpha << " beta=" << c.beta
                                     << " batch=" << c.batch << " bcastB=" << c.broadcast_b
-                                    << " pad=" << c.pad);
+                                    << " pad=" << c.pad << " sms=" << c.sm_count_target
+                                    << " rank=" << rank);
   const std::int64_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
   const std::int64_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
   const std::int64_t lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.n + c.pad;
@@ -66,6 +71,8 @@ void run_case(const Case& c, std::uint32_t seed) {
   const auto ref = cpu_gemm(c, a, lda, sa, b, ldb, sb, c0, ldc, sc);
 
   TestStream stream;
+  kc::set_stream_sm_budget(stream.get(), c.stream_budget);
+  EXPECT_EQ(kc::stream_sm_budget(stream.get()), c.stream_budget);
   auto da = upload_bf16(a);
   auto db = upload_bf16(b);
   kc::GemmArgs g;
@@ -86,23 +93,33 @@ void run_case(const Case& c, std::uint32_t seed) {
   g.stride_a = sa;
   g.stride_b = sb;
   g.stride_c = sc;
+  g.sm_count_target = c.sm_count_target;
 
+  auto run = [&] {
+    if (rank < 0) {
+      kc::gemm(g, stream.get());
+      return;
+    }
+    if (offered != nullptr) *offered = kc::gemm_heuristic_count(g, 32);
+    kc::gemm_ranked(g, rank, stream.get());
+  };
   std::vector<float> got;
   if (c.c_type == kc::DType::bf16) {
     auto dc = upload_bf16(c0);
     g.c = dc.get();
-    kc::gemm(g, stream.get());
+    run();
     stream.sync();
     got = download_f32(dc);
   } else {
     DeviceBuffer<float> dc(c0);
     g.c = dc.get();
-    kc::gemm(g, stream.get());
+    run();
     stream.sync();
     got = dc.download();
   }
   // Inputs are bf16-exact, accumulation is fp32 on both sides, so the only real error is the
   // output rounding: 2^-8 relative for bf16 (eps 8e-3 allows two ulps), fp32 sums otherwise.
+  kc::set_stream_sm_budget(stream.get(), 0);  // the stream handle may be reused by the next case
   const float eps = c.c_type == kc::DType::bf16 ? 8e-3f : 1e-4f;
   const float tol = c.c_type == kc::DType::bf16 ? 1e-2f : 1e-3f;
   EXPECT_TRUE(all_close("gemm C", got, ref, tol, eps));
@@ -173,6 +190,39 @@ TEST(CudaGemm, PlanCacheReusedAcrossCalls) {
   run_case({48, 48, 64, false, true, kc::DType::bf16, 1.0f, 0.0f}, 52);
   kc::release_blas_resources();
   run_case({48, 48, 64, false, true, kc::DType::bf16, 1.0f, 0.0f}, 53);
+}
+
+// Fewer SMs (what leaves room for another stream's kernels) must not change the product.
+TEST(CudaGemm, SmCountTargetKeepsTheProduct) {
+  GHT_REQUIRE_GPU();
+  for (int sms : {1, 8, 100}) {
+    Case c{256, 384, 512, false, true, kc::DType::bf16, 1.0f, 0.0f};
+    c.sm_count_target = sms;
+    run_case(c, 71);
+    c = {96, 80, 1024, true, false, kc::DType::f32, 1.0f, 1.0f};
+    c.sm_count_target = sms;
+    run_case(c, 72);
+    c.sm_count_target = 0;
+    c.stream_budget = sms;  // the same through the stream's budget
+    run_case(c, 73);
+  }
+}
+
+// bench_gemm_ranks times the heuristic's other algorithms: each must compute the same product.
+TEST(CudaGemm, EveryRankedAlgorithmMatchesTheReference) {
+  GHT_REQUIRE_GPU();
+  const Case cases[] = {{256, 384, 512, false, true, kc::DType::bf16, 1.0f, 0.0f},
+                        {96, 80, 1024, true, false, kc::DType::f32, 1.0f, 1.0f}};
+  std::uint32_t seed = 61;
+  for (const auto& c : cases) {
+    int offered = 0;
+    run_case(c, seed, 0, &offered);
+    ASSERT_GE(offered, 1);
+    for (int rank = 1; rank < offered; ++rank) run_case(c, seed, rank);
+    ++seed;
+    // A rank past what the heuristic offers is refused, not run with an uninitialised algorithm.
+    if (offered < 32) EXPECT_THROW(run_case(c, seed, offered), ght::cuda_error);
+  }
 }
 
 // Argument checks run on the host before any CUDA call, so this runs without a GPU.
