@@ -260,6 +260,7 @@ struct CudaMoEModel::Impl {
     float loss_scale = 0;
     std::int64_t buffers = -1;  // activation buffer generation (ensure_capacity reallocations)
     GradWrite write = GradWrite::add;
+    int sm_budget = 0;  // kernels::cuda::stream_sm_budget: the GEMMs' plans are captured with it
     bool operator==(const GraphKey&) const = default;
   };
   std::int64_t buffer_generation = 0;
@@ -957,7 +958,7 @@ struct CudaMoEModel::Impl {
   // compute() into graph_slot as a graph launch: replayed when captured for this key, captured
   // (then launched) when the key ran eagerly before, else run eagerly once.
   void run_graph(float loss_scale) {
-    const GraphKey key{B, T, W, G, loss_scale, buffer_generation, grad_write};
+    const GraphKey key{B, T, W, G, loss_scale, buffer_generation, grad_write, kc::stream_sm_budget(stream)};
     Graph* g = nullptr;
     for (Graph& x : graphs) {
       if (x.key == key) g = &x;

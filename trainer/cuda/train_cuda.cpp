@@ -23,6 +23,7 @@
 
 #include "alloc/block.hpp"
 #include "alloc/tiered.hpp"
+#include "kernels/cuda/gemm.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw.hpp"
 #include "optimizer/bf16.hpp"
@@ -140,6 +141,8 @@ struct StepProfile {
   bool speculation_undone = false;    // ...and recomputed or restored after it
   bool traced = false;                // its kernels were traced (--trace-kernels): perturbed
   std::int64_t cuda_graph_launches = 0;  // micro-batches of this step that ran as a graph launch
+  int sm_budget = 0;               // GHT_OPT_SM_RESERVE: SMs of the GEMMs beside an update (0: all)
+  int micro_batches_reserved = 0;  // micro-batches that ran their GEMMs on sm_budget SMs
   std::optional<double> prev_opt_update_ms;
   // ZeRO-1 (CudaRun::measure_comm): the reductions' GPU time, the part of it after the last
   // backward, the previous step's all-gathers' GPU time.
@@ -162,7 +165,9 @@ struct StepProfile {
                                 {"speculated_params", speculated_params},
                                 {"spec_host_ms", spec_host_ms},
                                 {"speculation_undone", speculation_undone},
-                                {"cuda_graph_launches", cuda_graph_launches}};
+                                {"cuda_graph_launches", cuda_graph_launches},
+                                {"sm_budget_beside_update", sm_budget},
+                                {"micro_batches_beside_update", micro_batches_reserved}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
     if (dp_reduce_ms) j["dp_reduce_ms"] = *dp_reduce_ms;
     if (dp_reduce_exposed_ms) j["dp_reduce_exposed_ms"] = *dp_reduce_exposed_ms;
@@ -331,6 +336,12 @@ class CudaRun final : public TrainBackend {
   double step_lr_ = 0;
   double spec_host_ms_ = 0;
   bool speculate_now_ = false;  // this step's last backward launches updates as units finish
+  // GHT_OPT_SM_RESERVE: the SMs the model's GEMMs plan for in micro-batches beside an update
+  // that a later micro-batch waits for (beside_update); 0: every SM (no gpu_link region, or the
+  // reserve is 0).
+  int sm_budget_beside_update_ = 0;
+  int reserved_micro_batches_ = 0;  // of this step (profile.json: micro_batches_beside_update)
+  [[nodiscard]] bool beside_update(int m, int A, bool delayed, int stale) const;
   int pending_unit_ = -1;
   double stream_host_ms_ = 0;
   // CUDA graphs (GHT_CUDA_GRAPHS, graph_choice.hpp): whether this run may replay micro-batches;
@@ -589,6 +600,13 @@ void CudaRun::setup() {
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
+  const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
+  if (by_path[0] > 0 && reserve > 0) {
+    sm_budget_beside_update_ = static_cast<int>(std::max<std::int64_t>(1, prop.multiProcessorCount - reserve));
+    say("optimizer: a partial delay's stale micro-batches (beside the gpu_link update) run their GEMMs on " +
+        std::to_string(sm_budget_beside_update_) + " of " + std::to_string(prop.multiProcessorCount) +
+        " SMs, leaving the rest to the update's AdamW kernels (GHT_OPT_SM_RESERVE=" + std::to_string(reserve) + ")");
+  }
   if (delay_) {
     say("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): launched from its own thread after each step's "
         "backward, it runs during the next step's forward and backward (" +
@@ -1059,6 +1077,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   switched_ = false;
   stream_host_ms_ = 0;
   spec_host_ms_ = 0;
+  reserved_micro_batches_ = 0;
 
   // ---- forward and backward over the micro-batches ----
   training_ = true;
@@ -1096,6 +1115,11 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
           " runs eagerly: " + busy + " (said once)");
     }
     hooks_acted_ = false;
+    if (sm_budget_beside_update_ > 0) {
+      const bool beside = beside_update(micro_, A, delayed, stale);
+      kernels::cuda::set_stream_sm_budget(s, beside ? sm_budget_beside_update_ : 0);
+      reserved_micro_batches_ += beside ? 1 : 0;
+    }
     const auto mm = static_cast<std::size_t>(micro_);
     cur_->fwd_start[mm].record(s);
     pending_unit_ = -1;
@@ -1113,6 +1137,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   quiet_now_ = false;
   micro_ = 0;
   training_ = false;
+  if (sm_budget_beside_update_ > 0) kernels::cuda::set_stream_sm_budget(s, 0);  // evals use every SM
   reduce_gradients();  // data parallel: every rank's gradient becomes the mean over all N·A
 
   // ---- norm and update: every gradient is final ----
@@ -1216,6 +1241,15 @@ void CudaRun::rotate_delayed_buffers(bool partial) {
   }
 }
 
+// Micro-batch m runs beside an update that must end before a later micro-batch: the stale
+// micro-batches of a partial delay (update k-1 runs during them, and micro-batch `stale` waits for
+// it). Not the whole-step delay, whose update has the whole step to hide in (q24b: its GEMMs on
+// fewer SMs cost 3.7% of the step, the update had time to spare), nor exact mode, whose update
+// runs after the last backward (q24b: no change). bench/NOTES.md, session 17.
+bool CudaRun::beside_update(int m, int A, bool delayed, int stale) const {
+  return delayed && stale < A && m < stale;
+}
+
 void CudaRun::take_fresh_weights() {
   wait_for_update();
   // The stale micro-batches are queued before this on the same stream: their weights are free
@@ -1299,6 +1333,8 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
   p.speculated_params = sr.speculated_params;
   p.speculation_undone = sr.speculation_undone;
   p.spec_host_ms = spec_host_ms_;
+  p.sm_budget = sm_budget_beside_update_;
+  p.micro_batches_reserved = reserved_micro_batches_;
   p.memory = memory_json(*alloc_);
   measure_comm(p);
   return p;
