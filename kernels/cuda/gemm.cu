@@ -50,7 +50,9 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using PlanKey = std::array<std::int64_t, 19>;  // the shape, the alignments and the heuristic rank
+// The shape, the alignments, the heuristic rank and (last) the SM count target.
+using PlanKey = std::array<std::int64_t, 19>;
+constexpr std::size_t kKeySms = 18;
 
 struct BlasState {
   std::mutex mu;
@@ -324,10 +326,10 @@ void run_gemm(const GemmArgs& args, int rank, cudaStream_t stream) {
 
   const int dev = current_device();
   const int align[3] = {pointer_alignment(g.a), pointer_alignment(g.b), pointer_alignment(g.c)};
-  PlanKey key = {dev,      g.m,        g.n,        g.k,          g.trans_a,
-                       g.trans_b, g.lda,     g.ldb,      g.ldc,        static_cast<int>(g.c_type),
-                       g.batch,  g.stride_a, g.stride_b, g.stride_c, align[0],
-                       align[1], align[2],   rank,       g.sm_count_target};
+  PlanKey key = {dev,       g.m,        g.n,        g.k,        g.trans_a,
+                 g.trans_b, g.lda,      g.ldb,      g.ldc,      static_cast<int>(g.c_type),
+                 g.batch,   g.stride_a, g.stride_b, g.stride_c, align[0],
+                 align[1],  align[2],   rank,       g.sm_count_target};
   auto& s = state();
   cublasLtHandle_t h = nullptr;
   void* ws = nullptr;
@@ -340,7 +342,7 @@ void run_gemm(const GemmArgs& args, int rank, cudaStream_t stream) {
       const auto b = s.sm_budget.find({dev, stream});
       if (b != s.sm_budget.end()) {
         g.sm_count_target = b->second;
-        key[18] = b->second;
+        key[kKeySms] = b->second;
       }
     }
     auto it = s.plans.find(key);

@@ -603,6 +603,8 @@ void CudaRun::setup() {
   const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
   if (by_path[0] > 0 && reserve > 0) {
     sm_budget_beside_update_ = static_cast<int>(std::max<std::int64_t>(1, prop.multiProcessorCount - reserve));
+  }
+  if (sm_budget_beside_update_ > 0 && delay_ && delay_partial(mc.grad_accum)) {
     say("optimizer: a partial delay's stale micro-batches (beside the gpu_link update) run their GEMMs on " +
         std::to_string(sm_budget_beside_update_) + " of " + std::to_string(prop.multiProcessorCount) +
         " SMs, leaving the rest to the update's AdamW kernels (GHT_OPT_SM_RESERVE=" + std::to_string(reserve) + ")");
@@ -726,6 +728,8 @@ bool CudaRun::recover_after_failed_step() {
     fresh_pending_ = true;
     switched_ = false;
   }
+  // A step that failed among its stale micro-batches left their SM budget on the model's stream.
+  if (sm_budget_beside_update_ > 0) kernels::cuda::set_stream_sm_budget(model_->stream(), 0);
   return true;
 }
 
