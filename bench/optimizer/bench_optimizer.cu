@@ -390,14 +390,21 @@ class BackgroundLoad {
  public:
   BackgroundLoad(std::function<void(cudaStream_t)> enqueue, int batch)
       : thread_([this, f = std::move(enqueue), batch] {
-          GHT_CUDA_TRY(cudaSetDevice(device_));
-          while (!stop_.load()) {
-            for (int i = 0; i < batch; ++i) f(stream_);
-            GHT_CUDA_TRY(cudaStreamSynchronize(stream_));
-            done_ += batch;
+          try {
+            GHT_CUDA_TRY(cudaSetDevice(device_));
+            while (!stop_.load()) {
+              for (int i = 0; i < batch; ++i) f(stream_);
+              GHT_CUDA_TRY(cudaStreamSynchronize(stream_));
+              done_ += batch;
+            }
+          } catch (...) {
+            error_ = std::current_exception();  // rethrown by stop(), on the caller's thread
           }
         }) {}
-  ~BackgroundLoad() { stop(); }
+  ~BackgroundLoad() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
   BackgroundLoad(const BackgroundLoad&) = delete;
   BackgroundLoad& operator=(const BackgroundLoad&) = delete;
   /// Calls finished per second since `since`.
@@ -409,9 +416,11 @@ class BackgroundLoad {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
     return static_cast<double>(done_.load() - done_at_mark_) / s;
   }
+  /// Ends the load; rethrows what failed in it.
   void stop() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    if (error_) std::rethrow_exception(error_);
   }
 
  private:
@@ -423,6 +432,7 @@ class BackgroundLoad {
   Stream stream_;
   std::atomic<bool> stop_{false};
   std::atomic<long> done_{0};
+  std::exception_ptr error_;
   long done_at_mark_ = 0;
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
   std::thread thread_;
