@@ -413,15 +413,20 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
 #endif
 }
 
-void AdamW::Impl::update_gpu_batched(AdamW& self) {
+void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched) {
 #ifdef GHT_HAVE_CUDA
   if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
   AdamWBatch batch(link, batch_spans);
   std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
+  std::vector<std::size_t> pending_regions;  // regions whose last chunk is among them
   auto launch = [&] {
     batch.flush();
     for (CUevent_st* e : pending) record(e, link);
     pending.clear();
+    if (launched) {
+      for (std::size_t r : pending_regions) launched(r);
+    }
+    pending_regions.clear();
   };
   for (std::size_t r = 0; r < regions.size(); ++r) {
     RegionState& rs = regions[r];
@@ -429,9 +434,11 @@ void AdamW::Impl::update_gpu_batched(AdamW& self) {
     if (rs.path == Path::cpu || rs.dma || rs.done_ahead) {
       launch();
       self.update_region(r);
+      if (launched) launched(r);
       continue;
     }
     rs.updated = true;
+    pending_regions.push_back(r);
     const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
     const int sms = kernel_sms(rs);
     for (std::size_t c = 0; c < rs.chunks; ++c) {
@@ -444,6 +451,7 @@ void AdamW::Impl::update_gpu_batched(AdamW& self) {
   launch();
 #else
   (void)self;
+  (void)launched;
 #endif
 }
 
@@ -1171,14 +1179,18 @@ void AdamW::update_region(std::size_t r) {
   }
 }
 
-void AdamW::update_all() {
+void AdamW::update_all(const std::function<void(std::size_t)>& launched) {
   Impl& I = *impl_;
+  auto update = [&](std::size_t r) {
+    update_region(r);
+    if (launched) launched(r);
+  };
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
-    if (I.regions[r].path == Path::cpu && !I.regions[r].updated) update_region(r);
+    if (I.regions[r].path == Path::cpu && !I.regions[r].updated) update(r);
   }
-  I.update_gpu_batched(*this);
+  I.update_gpu_batched(*this, launched);
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
-    if (!I.regions[r].updated) update_region(r);
+    if (!I.regions[r].updated) update(r);
   }
 }
 

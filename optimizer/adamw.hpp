@@ -250,8 +250,12 @@ class AdamW {
   void update_region(std::size_t r);
   /// update_region for every region not yet updated in this step: the cpu regions first (in
   /// order: the worker starts at once), then the GPU paths in order (their launches may block
-  /// the caller on a full driver queue while the worker computes).
-  void update_all();
+  /// the caller on a full driver queue while the worker computes). `launched(r)`, when given, is
+  /// called on the calling thread as soon as region r's events are recorded (its launches are
+  /// queued, or it was handed to the worker): from then on another thread may wait for
+  /// region_event(r), while this one goes on launching the rest (the trainer queues the next
+  /// forward unit by unit that way).
+  void update_all(const std::function<void(std::size_t)>& launched = {});
   /**
    * @brief Update region r now, before begin_step, as if the step were taken unclipped at `lr`
    * (see the file comment); its chunk events are recorded. Call it once the region's gradients

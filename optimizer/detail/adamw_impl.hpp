@@ -225,7 +225,7 @@ struct AdamW::Impl {
   /// update_all's GPU part: regions updated in place (device, gpu_link zero-copy) in region
   /// order, their chunks batch_spans per launch; each other region through update_region, in
   /// its turn (the batch queued before it is launched first).
-  void update_gpu_batched(AdamW& self);
+  void update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched);
 
   // ---- speculation ----
   static std::size_t spec_pad(std::size_t count) { return (count + 7) / 8 * 8; }

@@ -193,6 +193,74 @@ TEST(CudaGraphsTrainResume, ResumeWithGraphsOnIsExact) {
   EXPECT_EQ(read_graph_profile(tmp / "full").launches, 6 * 2 - 1);
 }
 
+// GHT_OPT_LAUNCH_THREAD: exact mode's update launched from a thread of its own, the next forward
+// queued unit by unit as the launches reach it, is bit for bit the update launched on the training
+// thread: losses (train and eval) and the final checkpoint, with the state on the host over the
+// link (dma: launches that block), with speculation during the last backward (its units' updates
+// launched from threads too, one after the other; with one micro-batch, right behind the update
+// thread's), and with both paths at once (cpu regions on the worker).
+struct LaunchCase {
+  const char* name;
+  const char* path;  // GHT_OPTIMIZER
+  int grad_accum;
+  bool speculate;         // GHT_OPT_SPECULATE, no clipping
+  const char* cpu_share;  // GHT_OPT_CPU_SHARE (split: half the state on the CPU; -1: the default)
+};
+
+void PrintTo(const LaunchCase& c, std::ostream* os) { *os << c.name; }
+
+class CudaLaunchThread : public ::testing::TestWithParam<LaunchCase> {};
+
+TEST_P(CudaLaunchThread, OnAndOffAreBitIdentical) {
+  GHT_REQUIRE_GPU();
+  const LaunchCase lc = GetParam();
+  const TempDir tmp("ght_cuda_launch_thread");
+  write_random_corpus(tmp / "data");
+  TrainRunOptions run;
+  run.quiet = true;
+  run.profile_steps = 6;
+  const ScopedFlag attention("GHT_ATTENTION", "fallback");
+  const ScopedFlag host_state("GHT_PLACE", "master=host,adam_*=host");
+  const ScopedFlag path("GHT_OPTIMIZER", lc.path);
+  const ScopedFlag dma("GHT_OPT_LINK_MODE", "dma");
+  const ScopedFlag arena("GHT_OPT_SPECULATE", lc.speculate ? "64MiB" : "0");
+  const ScopedFlag share("GHT_OPT_CPU_SHARE", lc.cpu_share);
+  auto train_with = [&](const std::string& flag) {
+    const ScopedFlag launch("GHT_OPT_LAUNCH_THREAD", flag);
+    TrainConfig c = small_run_config(tmp / "data", tmp / flag);
+    c.backend = "cuda";
+    c.model.grad_accum = lc.grad_accum;
+    if (lc.speculate) c.adam.max_grad_norm = 0;  // a clipped step turns speculation off
+    (void)train_cuda(c, run);
+    return read_log(tmp / flag);
+  };
+  const RunLog off = train_with("off"), on = train_with("on");
+  ASSERT_EQ(off.loss.size(), 6u);
+  expect_same_losses(off, on);
+  expect_same_final_state(tmp / "off", tmp / "on");
+  // Not vacuous: every "on" step launched on the thread, no "off" step did.
+  for (const char* flag : {"off", "on"}) {
+    std::ifstream in(tmp / (std::string(flag) + "/profile.json"));
+    ASSERT_TRUE(in.good()) << flag << ": profile.json is missing";
+    const auto j = nlohmann::json::parse(in);
+    ASSERT_EQ(j.at("steps").size(), 6u) << flag;
+    std::size_t speculated = 0;
+    for (const auto& st : j.at("steps")) {
+      EXPECT_EQ(st.at("update_launched_on_thread").get<bool>(), std::string(flag) == "on")
+          << flag << ", step " << st.at("step");
+      speculated += st.at("speculated_params").get<std::size_t>();
+    }
+    if (lc.speculate) EXPECT_GT(speculated, 0u) << flag << ": nothing was speculated";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, CudaLaunchThread,
+                         ::testing::Values(LaunchCase{"dma_accum3", "gpu_link", 3, false, "-1"},
+                                           LaunchCase{"dma_accum1_speculated", "gpu_link", 1, true, "-1"},
+                                           LaunchCase{"dma_accum3_speculated", "gpu_link", 3, true, "-1"},
+                                           LaunchCase{"split_accum2", "split", 2, false, "0.5"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 // GHT_CUDA_GRAPHS=on where no micro-batch could replay is an error naming why; auto runs eagerly.
 TEST(CudaGraphsTrainChoice, OnRefusesARunThatCannotReplayAndAutoRunsEagerly) {
   GHT_REQUIRE_GPU();

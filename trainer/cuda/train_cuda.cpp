@@ -38,6 +38,7 @@
 #include "trainer/cuda/graph_choice.hpp"
 #include "trainer/cuda/kernel_breakdown.hpp"
 #include "trainer/cuda/kernel_trace.hpp"
+#include "trainer/cuda/launch_progress.hpp"
 #include "trainer/cuda/model_cuda.hpp"
 #include "trainer/cuda/op_costs.hpp"
 #include "trainer/data.hpp"
@@ -143,6 +144,7 @@ struct StepProfile {
   std::int64_t cuda_graph_launches = 0;  // micro-batches of this step that ran as a graph launch
   int sm_budget = 0;               // GHT_OPT_SM_RESERVE: SMs of the GEMMs beside an update (0: all)
   int micro_batches_reserved = 0;  // micro-batches that ran their GEMMs on sm_budget SMs
+  bool update_on_thread = false;   // the update was launched from the update thread (update_)
   std::optional<double> prev_opt_update_ms;
   // ZeRO-1 (CudaRun::measure_comm): the reductions' GPU time, the part of it after the last
   // backward, the previous step's all-gathers' GPU time.
@@ -167,7 +169,8 @@ struct StepProfile {
                                 {"speculation_undone", speculation_undone},
                                 {"cuda_graph_launches", cuda_graph_launches},
                                 {"sm_budget_beside_update", sm_budget},
-                                {"micro_batches_beside_update", micro_batches_reserved}};
+                                {"micro_batches_beside_update", micro_batches_reserved},
+                                {"update_launched_on_thread", update_on_thread}};
     if (prev_opt_update_ms) j["prev_opt_update_ms"] = *prev_opt_update_ms;
     if (dp_reduce_ms) j["dp_reduce_ms"] = *dp_reduce_ms;
     if (dp_reduce_exposed_ms) j["dp_reduce_exposed_ms"] = *dp_reduce_exposed_ms;
@@ -210,6 +213,7 @@ class CudaRun final : public TrainBackend {
       (void)cudaStreamDestroy(comm_stream_);
     }
     if (grad_ready_stream_ != nullptr) (void)cudaStreamDestroy(grad_ready_stream_);
+    for (cudaStream_t t : spec_streams_) (void)cudaStreamDestroy(t);
   }
   CudaRun(const CudaRun&) = delete;
   CudaRun& operator=(const CudaRun&) = delete;
@@ -358,6 +362,12 @@ class CudaRun final : public TrainBackend {
   cudaStream_t timer_stream_ = nullptr;
   cudaStream_t grad_ready_stream_ = nullptr;  // stream mode: gates the accumulator per unit
   std::vector<Event> unit_done_;              // stream mode: recorded after each unit's backward
+  // Speculation launched from threads (GHT_OPT_LAUNCH_THREAD): per unit, its backward's end on the
+  // model stream, and a stream that waits for it (the unit's speculate_region producer); spec_
+  // is the last unit's launches, each waiting for the one before (one thread drives the optimizer).
+  std::vector<Event> spec_ready_;
+  std::vector<cudaStream_t> spec_streams_;
+  std::future<void> spec_;
   std::vector<StepProfile> profile_;
   StepProfile last_profile_;
   bool state_in_hbm_ = false;              // every region's master/m/v in HBM (device path)
@@ -382,6 +392,8 @@ class CudaRun final : public TrainBackend {
   // ...and this step switched to them (recover_after_failed_step switches back).
   bool switched_ = false;
   std::future<void> update_;  // the update thread's launches
+  LaunchProgress launched_;   // ...region by region (the next forward waits for its units' regions)
+  bool launch_thread_ = true;  // GHT_OPT_LAUNCH_THREAD: exact mode launches on update_ too
   std::future<void> timer_;   // exact mode: records opt_end (time_update_async)
   dist::GpuChoice gpu_choice_;
   // ZeRO-1 (dist.optimizer_state=sharded, world size > 1): the slices of the tensors this rank's
@@ -600,6 +612,7 @@ void CudaRun::setup() {
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
+  launch_thread_ = config::cfg().get_bool(config::Key::GHT_OPT_LAUNCH_THREAD);
   const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
   if (by_path[0] > 0 && reserve > 0) {
     sm_budget_beside_update_ = static_cast<int>(std::max<std::int64_t>(1, prop.multiProcessorCount - reserve));
@@ -621,7 +634,13 @@ void CudaRun::setup() {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
         config::format_bytes(opt_->speculate_capacity()) + " HBM undo arena (gpu_link regions, GHT_OPT_SPECULATE) and a " +
         config::format_bytes(opt_->speculate_host_capacity()) +
-        " host undo arena (cpu regions, GHT_OPT_SPECULATE_HOST); a clipped or skipped step undoes them exactly");
+        " host undo arena (cpu regions, GHT_OPT_SPECULATE_HOST); a clipped or skipped step undoes them exactly" +
+        (launch_thread_ ? "; launched from host threads of their own, beside the backward's launches" : ""));
+    if (launch_thread_) {
+      spec_ready_ = std::vector<Event>(unit_regions_.size());
+      spec_streams_.assign(unit_regions_.size(), nullptr);
+      for (cudaStream_t& t : spec_streams_) GHT_CUDA_TRY(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    }
   } else {
     say(std::string("optimizer: updates start after backward (") +
         (stream_grads_    ? "gradients streamed to the host"
@@ -753,15 +772,19 @@ void CudaRun::before_unit_forward(int u) {
     if (shards_) {
       GHT_CUDA_TRY(cudaStreamWaitEvent(s, zev_->gathered[uu].get(), 0));  // ZeRO-1: every rank's part of it
     } else {
-      for (std::size_t r : unit_regions_[uu]) GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+      for (std::size_t r : unit_regions_[uu]) {
+        // Launched from the update thread: its events must be recorded before we wait on them.
+        if (update_.valid() && !launched_.wait(r)) join_update();  // rethrows the thread's error
+        GHT_CUDA_TRY(cudaStreamWaitEvent(s, opt_->region_event(r), 0));
+      }
     }
     if (timed) {
       cur_->wait_after[uu].record(s);
       cur_->waited[uu] = true;
     }
-    // Every unit's update is recorded now: the timing thread is done (or nearly), and must be
-    // before this step's speculation hands the worker new jobs for the same regions.
-    if (u == model_->num_units() - 1) join_timer();
+    // Every unit's update is recorded now: the update and timing threads are done (or nearly),
+    // and must be before this step's speculation hands the optimizer new work for the same regions.
+    if (u == model_->num_units() - 1) join_update();
   }
   // The forward's end (the profile's forward/backward split) is recorded by the model itself,
   // graph replays included (forward_backward_async's forward_end).
@@ -791,11 +814,24 @@ void CudaRun::after_unit_backward(int u) {
 // optimizer validates this in begin_step (exact: undone when the step clips or skips).
 void CudaRun::speculate_unit(int u) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (tracer_) tracer_->set_op(kOpSpeculate);
+  const auto uu = static_cast<std::size_t>(u);
   // Each path has its own undo arena (HBM for gpu_link, host for cpu): one that is full (or off)
   // returns no_room for its regions and leaves the other path speculating.
-  for (std::size_t r : unit_regions_[static_cast<std::size_t>(u)]) {
-    (void)opt_->speculate_region(r, step_lr_, model_->stream());
+  if (!spec_streams_.empty() && tracer_ == nullptr) {
+    // From a thread: the dma launches block on a full driver queue, and on this thread they held
+    // back the rest of the backward's launches (bench/results/2026-11-30-h200-speculation.md). The
+    // unit's own stream waits for its backward now, so the launches, whenever they run, wait for
+    // nothing later. A traced step (its kernels labelled by op on this thread) launches here.
+    spec_ready_[uu].record(model_->stream());
+    GHT_CUDA_TRY(cudaStreamWaitEvent(spec_streams_[uu], spec_ready_[uu].get(), 0));
+    spec_ = std::async(std::launch::async, [this, uu, before = std::move(spec_)]() mutable {
+      if (before.valid()) before.get();  // the previous unit's launches first (and its error)
+      GHT_CUDA_TRY(cudaSetDevice(device_));
+      for (std::size_t r : unit_regions_[uu]) (void)opt_->speculate_region(r, step_lr_, spec_streams_[uu]);
+    });
+  } else {
+    if (tracer_) tracer_->set_op(kOpSpeculate);
+    for (std::size_t r : unit_regions_[uu]) (void)opt_->speculate_region(r, step_lr_, model_->stream());
   }
   spec_host_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -1150,7 +1186,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // The prediction only where the next step computes one update behind: the exact warm-up's
   // updates write plain bf16 master, which the next step computes with.
   opt_->set_weight_extrapolation(delayed ? delay_weight_extrapolation(A) : 0.0);
-  join_timer();  // normally joined in the first forward already (before_unit_forward)
+  join_update();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
@@ -1162,6 +1198,10 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
     // master's (partial delay: nothing to switch to).
     fresh_pending_ = partial && sr.taken;
     launch_update_async();
+  } else if (launch_thread_ && gpu_opt && !shards_) {
+    // The next forward is queued at once, unit by unit as the update's launches reach it
+    // (before_unit_forward): on the dma path they block on a full driver queue meanwhile.
+    launch_update_async();
   } else {
     opt_->update_all();  // cpu regions first: the optimizer's worker starts on them at once
     gather_weights();    // ZeRO-1: every rank's updated part, before the next forward's first use
@@ -1169,6 +1209,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   }
   opt_launched_ = true;
   update_in_place_ = !delayed;
+  const bool update_on_thread = update_.valid();
   const double opt_host_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_opt).count();
 
@@ -1179,6 +1220,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- log: the loop writes the step record; the breakdown follows it (after_step) ----
   StepProfile p = measure_step(dt, sr, opt_host_ms);
+  p.update_on_thread = update_on_thread;
   p.cuda_graph_launches = model_->cuda_graph_launches() - launches_before;
   if (tracer_) {
     p.traced = true;
@@ -1248,8 +1290,9 @@ void CudaRun::rotate_delayed_buffers(bool partial) {
 // Micro-batch m runs beside an update that must end before a later micro-batch: the stale
 // micro-batches of a partial delay (update k-1 runs during them, and micro-batch `stale` waits for
 // it). Not the whole-step delay, whose update has the whole step to hide in (q24b: its GEMMs on
-// fewer SMs cost 3.7% of the step, the update had time to spare), nor exact mode, whose update
-// runs after the last backward (q24b: no change). bench/NOTES.md, session 17.
+// fewer SMs cost 3.7% of the step, the update had time to spare), nor exact mode: its first
+// micro-batch's forward (behind the update thread) and a speculating last backward measured the
+// same with 8 SMs left free as with none (q24b at 262k). bench/NOTES.md, sessions 17 and 18.
 bool CudaRun::beside_update(int m, int A, bool delayed, int stale) const {
   return delayed && stale < A && m < stale;
 }
@@ -1273,9 +1316,14 @@ void CudaRun::record_update_end(StepEvents& ev) {
 void CudaRun::launch_update_async() {
   StepEvents* ev = cur_;
   ev->opt_timed = opt_->stream() != nullptr;
+  launched_.start(opt_->num_regions());
   update_ = std::async(std::launch::async, [this, ev] {
+    struct End {  // also when a launch throws: a waiting forward then joins and rethrows
+      LaunchProgress& p;
+      ~End() { p.end(); }
+    } end{launched_};
     GHT_CUDA_TRY(cudaSetDevice(device_));
-    opt_->update_all();
+    opt_->update_all([this](std::size_t r) { launched_.launched(r); });
     if (ev->opt_timed) record_update_end(*ev);
   });
 }
@@ -1290,6 +1338,7 @@ void CudaRun::time_update_async() {
 }
 
 void CudaRun::join_update() {
+  if (spec_.valid()) spec_.get();
   if (update_.valid()) update_.get();
   join_timer();
 }
@@ -1393,10 +1442,17 @@ void CudaRun::write_profile() {
       {"step_gap_ms", "compute stream idle between the previous step's last backward and this step's first forward "
                       "(grad-norm, update launch, host work)"},
       {"opt_exposed_ms", "opt_stall_ms + step_gap_ms"},
+      {"opt_host_ms", "training thread's time from the grad norm to the update launched: the launches themselves "
+                      "where they run on it (GHT_OPT_LAUNCH_THREAD=off, ZeRO-1), else the hand-off to the update "
+                      "thread (delayed mode, exact mode by default)"},
       {"prev_opt_update_ms", "optimizer stream duration of the previous step's update after its grad norm "
                              "(speculated regions, updated during backward, are not in it)"},
+      {"update_launched_on_thread", "the update was launched from a host thread of its own (delayed mode; exact mode "
+                                    "with GHT_OPT_LAUNCH_THREAD), not from the training thread"},
       {"speculated_params", "parameters updated during the last backward, before the grad norm (GHT_OPT_SPECULATE)"},
-      {"spec_host_ms", "host time spent launching the speculative updates (the backward waits for it)"},
+      {"spec_host_ms", "training thread's time in the speculative updates' launches (the backward's launches wait "
+                       "for it): the launches themselves with GHT_OPT_LAUNCH_THREAD=off or in a traced step, else "
+                       "their hand-off to threads"},
       {"speculation_undone", "the step clipped or was skipped, so those updates were recomputed or restored"},
       {"cuda_graph_launches", "micro-batches of the step replayed as one captured CUDA graph (GHT_CUDA_GRAPHS); "
                               "the others ran eagerly"},
