@@ -1182,11 +1182,13 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
 
   // ---- norm and update: every gradient is final ----
   speculate_now_ = false;
+  // Before anything else drives the optimizer: the speculative launches of this backward (and
+  // the previous update's, normally joined in the first forward already, before_unit_forward).
+  join_update();
   if (delayed) rotate_delayed_buffers(partial);
   // The prediction only where the next step computes one update behind: the exact warm-up's
   // updates write plain bf16 master, which the next step computes with.
   opt_->set_weight_extrapolation(delayed ? delay_weight_extrapolation(A) : 0.0);
-  join_update();  // normally joined in the first forward already (before_unit_forward)
   if (tracer_) tracer_->set_op(kOpGradNorm);
   const optimizer::StepResult sr = opt_->begin_step(lr, s);
   const auto t_opt = std::chrono::steady_clock::now();
