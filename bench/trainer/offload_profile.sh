@@ -20,6 +20,9 @@
 # gap, host, update (ms), MFU, parameters updated during the last backward. GHT_* variables set
 # by the caller pass through.
 # OFFLOAD_TRACE=0: 3 plain steps, no traced step (shorter, for large step times).
+# OFFLOAD_PROBE=1 (default): first `ght info --probe` where this machine has no probe cache yet,
+# so that every run's plan (and its printed "link both" time, the update's link roofline) uses the
+# link measured on this machine in this call rather than the built-in profile; 0: skip.
 set -uo pipefail
 GHT=${1:?usage: offload_profile.sh GHT_BIN OUT_DIR NAME MODES [overrides...]}
 OUT_DIR=${2:?out dir}
@@ -30,6 +33,9 @@ cd "$(dirname "$0")/../.."
 bash bench/make_bench_data.sh "$GHT" || exit 1
 mkdir -p "$OUT_DIR"
 rc=0
+if [ "${OFFLOAD_PROBE:-1}" = 1 ] && "$GHT" plan --config configs/bench-h200.toml 2>&1 | grep -q "no probe cache"; then
+  "$GHT" info --probe 2>&1 | grep -i -E "memcpy|triad|error" | head -6
+fi
 for mode in ${MODES//,/ }; do
   kind=${mode%%+*}
   case $kind in
@@ -64,7 +70,7 @@ for mode in ${MODES//,/ }; do
       --config configs/bench-h200.toml --out "$run" --overwrite --backend cuda "${steps[@]}" "$@" >"$base.log" 2>&1; then
     echo "offload_profile: $NAME $mode failed:"; tail -20 "$base.log"; rc=1; continue
   fi
-  grep -E "^(plan|activations|memory|optimizer)|recomputed|link per step" "$base.log" | head -12
+  grep -E "^(plan|activations|memory|optimizer)|recomputed|link per step|^ +link both" "$base.log" | head -13
   cp "$run/profile.json" "$base.profile.json"
   for f in kernel_breakdown.md kernel_breakdown.json; do [ -f "$run/$f" ] && cp "$run/$f" "$base.$f"; done
   python3 - "$base.profile.json" "$NAME" "$mode" <<'PY'
