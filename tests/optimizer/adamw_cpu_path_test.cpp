@@ -156,6 +156,38 @@ TEST(AdamWCpuWorker, HostOnlyRegionsAreUpdatedOnTheCallingThreadByDefault) {
   EXPECT_NE(std::memcmp(before.data(), after.data(), after.size() * sizeof(float)), 0);
 }
 
+// update_all(launched): every region reported once, in the order they were handed over (cpu
+// regions first, then the rest), also on a skipped (non-finite) step, and never before its
+// update was handed over; a region updated earlier by update_region is not reported again.
+TEST(AdamWUpdateAll, ReportsEachRegionOnceAsItIsHandedOver) {
+  for (std::optional<bool> worker : {std::optional<bool>{false}, std::optional<bool>{true}}) {
+    std::vector<std::vector<float>> g(3, std::vector<float>(256, 0.125f));
+    AdamW opt({Region{"a", 256, true, nullptr, g[0].data(), GradType::fp32},
+               Region{"b", 256, false, nullptr, g[1].data(), GradType::fp32},
+               Region{"c", 256, true, nullptr, g[2].data(), GradType::fp32}},
+              cpu_options(worker));
+    for (const bool finite : {true, false}) {
+      if (!finite) g[1][7] = std::numeric_limits<float>::quiet_NaN();
+      const StepResult res = opt.begin_step(1e-3);
+      ASSERT_EQ(res.taken, finite);
+      std::vector<std::size_t> seen;
+      opt.update_all([&](std::size_t r) {
+        seen.push_back(r);
+        (void)opt.region_event(r);  // callable from here on (a cpu region waits for the worker)
+      });
+      EXPECT_EQ(seen, (std::vector<std::size_t>{0, 1, 2})) << "worker " << *worker << ", finite " << finite;
+      opt.synchronize();
+    }
+    g[1][7] = 0.125f;
+    ASSERT_TRUE(opt.begin_step(1e-3).taken);
+    opt.update_region(1);
+    std::vector<std::size_t> seen;
+    opt.update_all([&](std::size_t r) { seen.push_back(r); });
+    EXPECT_EQ(seen, (std::vector<std::size_t>{0, 2})) << "worker " << *worker;
+    opt.synchronize();
+  }
+}
+
 // ---- speculation of cpu regions -----------------------------------------------------------------
 
 TEST(CpuSpeculation, BytesEqualThePlainStepWhateverBeginStepDecides) {
