@@ -438,15 +438,15 @@ void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::
       continue;
     }
     rs.updated = true;
-    pending_regions.push_back(r);
     const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
     const int sms = kernel_sms(rs);
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
-      if (!batch.fits(s, k, sms)) launch();
+      if (!batch.fits(s, k, sms)) launch();  // a flush here leaves r's later chunks unlaunched
       batch.add(s, k, sms);
       pending.push_back(rs.events[c]);
     }
+    pending_regions.push_back(r);  // reported by the flush that records its last chunk's event
   }
   launch();
 #else

@@ -2,8 +2,9 @@
 // by span (fp32 and bf16 state, bf16 and fp32 gradients, tails, unaligned spans, spans without a
 // weight, three distinct scalar sets, small and full batches), DeviceSumsq's batched sums against
 // one launch per buffer, and AdamW's update_all at GHT_OPT_BATCH 1 against 32 on the device and
-// gpu_link zero-copy paths. Skips without a GPU; with one, every comparison checks state that
-// changed and batches that held several spans.
+// gpu_link zero-copy paths, and update_all's `launched` never reporting a region before its last
+// chunk is queued. Skips without a GPU; with one, every comparison checks state that changed and
+// batches that held several spans.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -228,6 +229,55 @@ TEST(AdamWBatchSpans, UpdateAllGivesTheSameBytesAtEveryBatchSize) {
       }
     }
   }
+}
+
+// update_all(launched) reports a region only once every chunk of it is queued: a consumer that
+// waits for region_event(r) from inside the callback (what the CUDA trainer's next forward does,
+// on another thread) reads the region's final state, also where the batch is flushed in the
+// middle of a region (batches of 2 spans, regions of 5 chunks). Reported early, the copy below
+// would run before the region's later chunks were even launched.
+TEST(AdamWBatchSpans, LaunchedReportsARegionOnlyOnceAllItsChunksAreQueued) {
+  GHT_REQUIRE_GPU();
+  DeviceMem dev;
+  constexpr std::size_t kChunk = 2048, kN = 5 * kChunk - 100;
+  constexpr int kRegions = 4;
+  std::vector<void*> grads;
+  std::vector<Region> regions;
+  for (int r = 0; r < kRegions; ++r) {
+    std::vector<float> g(kN, 0.25f + 0.01f * static_cast<float>(r));
+    grads.push_back(dev.alloc(kN * sizeof(float)));
+    dev.upload(grads.back(), g.data(), kN * sizeof(float));
+    regions.push_back(Region{"r" + std::to_string(r), kN, true, nullptr, grads.back(), GradType::fp32});
+  }
+  AdamWOptions o = test::options(PathChoice::device, kChunk);
+  o.batch_spans = 2;
+  AdamW opt(regions, o, test::hbm_state());
+  const std::vector<float> zeros(kN, 0.0f);
+  for (int r = 0; r < kRegions; ++r) opt.load_state(static_cast<std::size_t>(r), zeros.data(), zeros.data(), zeros.data());
+  cudaStream_t probe = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&probe, cudaStreamNonBlocking), cudaSuccess);
+  std::vector<std::vector<float>> seen(kRegions, std::vector<float>(kN)), done(kRegions, std::vector<float>(kN));
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(opt.begin_step(1e-2).taken);
+    std::vector<std::size_t> order;
+    opt.update_all([&](std::size_t r) {
+      order.push_back(r);
+      GHT_CUDA_TRY(cudaStreamWaitEvent(probe, opt.region_event(r), 0));
+      GHT_CUDA_TRY(cudaMemcpyAsync(seen[r].data(), opt.state(r, TensorClass::master).device, kN * sizeof(float),
+                                   cudaMemcpyDeviceToHost, probe));
+    });
+    GHT_CUDA_TRY(cudaStreamSynchronize(probe));
+    opt.synchronize();
+    EXPECT_EQ(order, (std::vector<std::size_t>{0, 1, 2, 3})) << "step " << step;
+    for (int r = 0; r < kRegions; ++r) {
+      dev.download(done[r].data(), opt.state(r, TensorClass::master).device, kN * sizeof(float));
+      EXPECT_EQ(std::memcmp(seen[r].data(), done[r].data(), kN * sizeof(float)), 0)
+          << "step " << step << ", region " << r << ": read before its last chunks were queued";
+    }
+  }
+  ASSERT_NE(done[0][kN - 1], 0.0f);  // master moved (loaded as 0, updated twice): not vacuous
+  (void)cudaStreamDestroy(probe);
+  for (void* g : grads) dev.release(g);
 }
 
 }  // namespace
