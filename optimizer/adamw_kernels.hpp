@@ -289,7 +289,7 @@ inline constexpr int kAdamWBatchSpans = 32;
  * @brief adamw_gpu over many spans in few launches. A step of many small regions (an MoE layer's
  * experts: a few million parameters each) otherwise pays one kernel's ramp-up and drain per
  * region, which held the device path at about half of HBM bandwidth on small experts
- * (bench/NOTES.md, session 10). Spans queued with add() run in one launch of the vector kernel
+ * (bench/NOTES.md, "The all-HBM update in few launches"). Spans queued with add() run in one launch of the vector kernel
  * (at most `max_spans`, all of one gradient type, state type, weight-or-not and SM limit, with at
  * most two distinct StepScalars, e.g. with and without weight decay); add() launches the queued
  * ones first when the new span does not fit (fits()). q8 spans, spans with a pointer not 16-byte

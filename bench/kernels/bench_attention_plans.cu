@@ -2,7 +2,7 @@
 // attention forward and backward of the sweep's shapes (heuristics mode A, all plans), each
 // timed on the same buffers, with the heuristics' first choice (plan 0, the one
 // AttentionImpl::cudnn runs) marked. It answers whether a different configuration would be
-// faster than the one we run, per shape (bench/NOTES.md, session 11: head_dim 64's backward at
+// faster than the one we run, per shape (bench/NOTES.md, "The attention engines cuDNN offers": head_dim 64's backward at
 // 269 TFLOP/s against 439 at 128).
 //
 //   bench_attention_plans [--json PATH] [--iters N]

@@ -210,7 +210,7 @@ int main(int argc, char** argv) {
         {"bench-h200 uniform", 48, 4, 4096, 4096, 800, 0.0},
         {"bench-h200 skewed", 48, 4, 4096, 4096, 800, 3.0},
         // The same layer at micro-batch 4 (16k tokens per call, ~1,365 rows per expert): the
-        // split that runs bench-h200's 64k-token step fastest (bench/NOTES.md, session 12).
+        // split that runs bench-h200's 64k-token step fastest (bench/NOTES.md, 16k-token micro-batches).
         {"bench-h200 mb4 uniform", 48, 4, 16384, 4096, 800, 0.0},
         {"hw-ref 64x1024 2048->1408", 64, 1, 65536, 2048, 1408, 0.0},
         // Two sweep shapes' layers (bench/trainer/sweep.py): many small experts.
