@@ -327,7 +327,7 @@ TEST(PlanScenarios, BenchH200OnPcie5With40GIsAValidMixedPlan) {
   EXPECT_TRUE(q == p);
 }
 
-// ---- the LM-head chunk (bench/NOTES.md, "LM head in one chunk") ----
+// ---- the LM-head chunk (bench/NOTES.md, "LM head (issue 13)") ----
 
 TEST(LmHeadChunk, WholeMicroBatchWhenItFitsElseEqualChunksUnderTheBudget) {
   const std::int64_t V = 151936;
