@@ -23,6 +23,11 @@ elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64)$")
 else()
   set(GHT_ARCH_FLAGS "")
 endif()
+# A CPU that a toolchain file chose (cmake/aarch64-linux-gnu.cmake: -mcpu=neoverse-v2) stands:
+# GCC rejects -mcpu and -march that name different architectures.
+if(CMAKE_CXX_FLAGS MATCHES "(^| )-m(cpu|arch)=" AND NOT GHT_TUNE_NATIVE)
+  set(GHT_ARCH_FLAGS "")
+endif()
 target_compile_options(ght_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${GHT_ARCH_FLAGS}>)
 
 # Sanitizer builds (presets asan, tsan) pass GHT_SANITIZE; host code only.
