@@ -38,6 +38,7 @@ using namespace ght::alloc;
 
 thread_local std::string t_error;  // ght_last_error()
 thread_local std::string t_stats;  // ght_stats_json()'s buffer
+thread_local int t_torch_tier = GHT_TIER_AUTO;  // ght_torch_set_thread_tier()
 
 /// How CUDA kernels reach host-tier blocks.
 enum class HostReach { direct, mapped, none };
@@ -299,8 +300,9 @@ void* ght_torch_malloc(ssize_t size, int device, ght_stream_t stream) {
     if (size == 0) return nullptr;
     s.reap(false);
     // Spilling PyTorch's blocks to host memory is only safe where kernels can reach it.
-    const AllocRequest req{TensorClass::other, "torch", s.torch_tier,
-                           s.reach != HostReach::none};
+    const TierKind tier_asked =
+        t_torch_tier == GHT_TIER_AUTO ? s.torch_tier : static_cast<TierKind>(t_torch_tier);
+    const AllocRequest req{TensorClass::other, "torch", tier_asked, s.reach != HostReach::none};
     const auto bytes = static_cast<std::size_t>(size);
     void* p = nullptr;
     try {
@@ -378,6 +380,19 @@ void ght_torch_free(void* ptr, ssize_t size, int device, ght_stream_t stream) {
   // PyTorch's free hook cannot report failure; a failure here is a bug worth seeing.
   if (rc != 0) ght::log::error("ght_torch_free failed: " + t_error);
 }
+
+int ght_torch_set_thread_tier(int tier, int* previous) {
+  return guarded(-1, [&] {
+    GHT_EXPECTS(tier >= GHT_TIER_AUTO && tier < kNumTiers,
+                "ght_torch_set_thread_tier: tier " + std::to_string(tier) +
+                    " is not GHT_TIER_AUTO, GHT_TIER_HBM or GHT_TIER_HOST");
+    if (previous != nullptr) *previous = t_torch_tier;
+    t_torch_tier = tier;
+    return 0;
+  });
+}
+
+int ght_torch_thread_tier(void) { return t_torch_tier; }
 
 }  // extern "C"
 

@@ -137,6 +137,38 @@ TEST_F(CAbi, TorchEntryPoints) {
   }
 }
 
+TEST_F(CAbi, TorchThreadTier) {
+  ght::config::cfg().set_flag("GHT_TORCH_TIER", "hbm");
+  EXPECT_EQ(ght_torch_thread_tier(), GHT_TIER_AUTO);
+  int prev = 99;
+  ASSERT_EQ(ght_torch_set_thread_tier(GHT_TIER_HOST, &prev), 0) << ght_last_error();
+  EXPECT_EQ(prev, GHT_TIER_AUTO);
+  EXPECT_EQ(ght_torch_thread_tier(), GHT_TIER_HOST);
+  void* p = ght_torch_malloc(1 << 16, 0, nullptr);  // GHT_TORCH_TIER says hbm; the thread, host
+  ASSERT_NE(p, nullptr) << ght_last_error();
+  ght_placement pl{};
+  ASSERT_EQ(ght_where(p, &pl), 0) << ght_last_error();
+  EXPECT_EQ(pl.tier, GHT_TIER_HOST);
+  // Another thread keeps GHT_TORCH_TIER.
+  int other = 99;
+  std::thread([&] { other = ght_torch_thread_tier(); }).join();
+  EXPECT_EQ(other, GHT_TIER_AUTO);
+  // An invalid value is refused and leaves the setting alone.
+  EXPECT_EQ(ght_torch_set_thread_tier(7, &prev), -1);
+  EXPECT_NE(std::strstr(ght_last_error(), "tier 7"), nullptr) << ght_last_error();
+  EXPECT_EQ(ght_torch_thread_tier(), GHT_TIER_HOST);
+  ASSERT_EQ(ght_torch_set_thread_tier(GHT_TIER_HBM, &prev), 0);
+  EXPECT_EQ(prev, GHT_TIER_HOST);
+  void* q = ght_torch_malloc(1 << 16, 0, nullptr);
+  ASSERT_NE(q, nullptr) << ght_last_error();
+  ASSERT_EQ(ght_where(q, &pl), 0) << ght_last_error();
+  EXPECT_EQ(pl.tier, has_gpu() ? GHT_TIER_HBM : GHT_TIER_HOST);  // no hbm tier without a GPU
+  ASSERT_EQ(ght_torch_set_thread_tier(GHT_TIER_AUTO, nullptr), 0);
+  EXPECT_EQ(ght_torch_thread_tier(), GHT_TIER_AUTO);
+  ght_torch_free(p, 1 << 16, 0, nullptr);
+  ght_torch_free(q, 1 << 16, 0, nullptr);
+}
+
 TEST_F(CAbi, ManyThreads) {
   std::vector<std::thread> th;
   std::atomic<int> failures{0};

@@ -104,6 +104,19 @@ void* ght_torch_malloc(ssize_t size, int device, ght_stream_t stream);
 /** PyTorch's free hook, the counterpart of ght_torch_malloc. */
 void ght_torch_free(void* ptr, ssize_t size, int device, ght_stream_t stream);
 
+/**
+ * Where ght_torch_malloc places the blocks the calling thread asks for from now on: GHT_TIER_HBM
+ * or GHT_TIER_HOST, or GHT_TIER_AUTO to drop the setting (GHT_TORCH_TIER decides again). Blocks
+ * already handed out stay where they are; other threads are not affected. Python's
+ * ghtier.torch.placement() scopes it.
+ * @param previous if not NULL, receives the setting it replaces (GHT_TIER_AUTO when none)
+ * @return 0, or -1 for a value that is not a GHT_TIER_* (the setting is unchanged)
+ */
+int ght_torch_set_thread_tier(int tier, int* previous);
+
+/** The calling thread's ght_torch_set_thread_tier setting (GHT_TIER_AUTO when none). */
+int ght_torch_thread_tier(void);
+
 #ifdef __cplusplus
 }
 #endif
