@@ -1,6 +1,8 @@
 #pragma once
-// Internal: the state of an AdamW, shared by adamw.cpp (construction, regions, the GPU paths,
-// begin_step and speculation) and adamw_cpu_path.cpp (the cpu worker and the cpu path's jobs).
+// Internal: the state of an AdamW, shared by adamw.cpp (construction, regions, the step),
+// adamw_path_choice.cpp (each region's path, the split), adamw_state.cpp (state precision),
+// adamw_device.cpp (in-place GPU updates), adamw_link.cpp (gpu_link dma), adamw_speculate.cpp
+// (speculation) and adamw_cpu_path.cpp (the cpu worker and the cpu path's jobs).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -29,6 +31,31 @@ inline constexpr int kDmaSlots = 3;
 [[nodiscard]] constexpr std::size_t chunk_granule(StateType st) noexcept {
   return state_granule(st) > 64 ? state_granule(st) : 64;
 }
+
+/// The tensor classes of the state arrays (0 master, 1 m, 2 v).
+inline constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass::adam_m,
+                                               TensorClass::adam_v};
+
+/// Bytes of n elements of state buffer i (0 master, 1 m, 2 v).
+[[nodiscard]] inline std::size_t array_bytes(int i, StateType st, std::size_t n) {
+  return i == 0 ? n * sizeof(float) : state_bytes(st, n);
+}
+
+/// x rounded down to a multiple of m, at least m.
+[[nodiscard]] inline std::size_t round_down(std::size_t x, std::size_t m) { return std::max(m, x / m * m); }
+
+/// How each side reaches a state block (adamw_state.cpp).
+[[nodiscard]] StateBuffer state_view(const alloc::unique_block& b, bool gpu);
+
+/// dma mode's slots (adamw_link.cpp): parameters per slot, bytes of one slot, HBM of all slots.
+[[nodiscard]] std::size_t dma_chunk_params(std::size_t largest_region, StateType st);
+[[nodiscard]] std::size_t dma_slot_stride(std::size_t chunk, StateType st);
+[[nodiscard]] std::size_t dma_slots_bytes(std::size_t chunk, StateType st);
+
+#ifdef GHT_HAVE_CUDA
+/// A stream at the device's lowest priority, for the optimizer's work (adamw.cpp).
+[[nodiscard]] CUstream_st* make_stream();
+#endif
 
 /// A CUDA event that several jobs wait on; it lives until the last of them is done (null
 /// without a GPU).
@@ -197,6 +224,13 @@ struct AdamW::Impl {
   /// Record chunk c's event of rs on s (nothing without a GPU).
   void record_chunk(RegionState& rs, std::size_t c, CUstream_st* s);
 
+  // ---- construction (adamw.cpp, adamw_path_choice.cpp, adamw_link.cpp) ----
+  void create_streams();
+  void allocate_state(RegionState& rs, PathChoice choice, std::optional<TierKind> state_tier);
+  void choose_path(RegionState& rs, PathChoice choice);
+  void assign_split();
+  void size_kernels();
+
   // ---- regions ----
   void configure(RegionState& rs);
   void ensure_dma();
@@ -218,7 +252,7 @@ struct AdamW::Impl {
   void zero(const RegionState& rs, int i);
   RegionState& at(std::size_t r);
 
-  // ---- GPU paths ----
+  // ---- GPU paths (adamw_device.cpp, adamw_link.cpp) ----
   int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms : 0; }
   void update_gpu(RegionState& rs, const StepScalars& k, bool speculative = false);
   void update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative = false);
@@ -227,7 +261,7 @@ struct AdamW::Impl {
   /// its turn (the batch queued before it is launched first).
   void update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched);
 
-  // ---- speculation ----
+  // ---- speculation (adamw_speculate.cpp) ----
   static std::size_t spec_pad(std::size_t count) { return (count + 7) / 8 * 8; }
   std::size_t spec_offset(std::size_t count, int i) const;
   std::size_t spec_bytes(std::size_t count) const;

@@ -1,0 +1,72 @@
+// AdamW's in-place GPU updates: regions whose state the kernel reads where it lives (device: HBM;
+// gpu_link zero-copy: mapped or coherent host memory), one region at a time or batched over
+// regions in update_all.
+#include <functional>
+#include <vector>
+
+#include "optimizer/adamw.hpp"
+#include "optimizer/detail/adamw_impl.hpp"
+#include "tier/error.hpp"
+
+namespace ght::optimizer {
+
+void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool speculative) {
+#ifdef GHT_HAVE_CUDA
+  for (std::size_t c = 0; c < rs.chunks; ++c) {
+    const std::size_t off = c * rs.chunk;
+    const AdamWSpan s = span(rs, off, count_of(rs, c), true);
+    if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
+    adamw_gpu(s, k, link, kernel_sms(rs));
+    record(rs.events[c], link);
+  }
+#else
+  (void)rs;
+  (void)k;
+  (void)speculative;
+  GHT_FAIL("GPU optimizer path in a build without CUDA");
+#endif
+}
+
+void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched) {
+#ifdef GHT_HAVE_CUDA
+  if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
+  AdamWBatch batch(link, batch_spans);
+  std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
+  std::vector<std::size_t> pending_regions;  // regions whose last chunk is among them
+  auto launch = [&] {
+    batch.flush();
+    for (CUevent_st* e : pending) record(e, link);
+    pending.clear();
+    if (launched) {
+      for (std::size_t r : pending_regions) launched(r);
+    }
+    pending_regions.clear();
+  };
+  for (std::size_t r = 0; r < regions.size(); ++r) {
+    RegionState& rs = regions[r];
+    if (rs.updated) continue;
+    if (rs.path == Path::cpu || rs.dma || rs.done_ahead) {
+      launch();
+      self.update_region(r);
+      if (launched) launched(r);
+      continue;
+    }
+    rs.updated = true;
+    const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
+    const int sms = kernel_sms(rs);
+    for (std::size_t c = 0; c < rs.chunks; ++c) {
+      const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
+      if (!batch.fits(s, k, sms)) launch();  // a flush here leaves r's later chunks unlaunched
+      batch.add(s, k, sms);
+      pending.push_back(rs.events[c]);
+    }
+    pending_regions.push_back(r);  // reported by the flush that records its last chunk's event
+  }
+  launch();
+#else
+  (void)self;
+  (void)launched;
+#endif
+}
+
+}  // namespace ght::optimizer
