@@ -141,17 +141,28 @@ std::uint64_t meminfo_bytes(const std::string& text, const std::string& key) {
 // ---- discovery ----------------------------------------------------------------------------------
 namespace {
 
-/// Owns an hwloc topology with I/O discovery, so the GPU's PCI device can be located.
+/// Owns an hwloc topology with I/O discovery, so the GPU's PCI device can be located: this
+/// machine's, or the one an hwloc XML export describes (`xml_path`; hwloc also honours
+/// HWLOC_XMLFILE).
 class Hwloc {
  public:
-  Hwloc() {
+  explicit Hwloc(const std::string& xml_path = "") {
     if (hwloc_topology_init(&t_) != 0) throw ght::io_error("hwloc: hwloc_topology_init failed");
     // PCI devices are filtered out by default; the GPU's place in the tree is what tells us the
     // NUMA node nearest to it.
     hwloc_topology_set_io_types_filter(t_, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    if (hwloc_topology_load(t_) != 0) {
+    if (!xml_path.empty() && hwloc_topology_set_xml(t_, xml_path.c_str()) != 0) {
+      const int err = errno;
       hwloc_topology_destroy(t_);
-      throw ght::io_error(std::string("hwloc: hwloc_topology_load failed: ") + std::strerror(errno));
+      throw ght::io_error("hwloc: cannot use " + xml_path + " as a topology: " +
+                          std::strerror(err) + " (an XML file that lstopo --of xml writes)");
+    }
+    if (hwloc_topology_load(t_) != 0) {
+      const int err = errno;
+      hwloc_topology_destroy(t_);
+      throw ght::io_error("hwloc: hwloc_topology_load" +
+                          (xml_path.empty() ? std::string() : " of " + xml_path) +
+                          " failed: " + std::strerror(err));
     }
   }
   ~Hwloc() { hwloc_topology_destroy(t_); }
@@ -216,17 +227,17 @@ std::vector<NumaNode> read_numa_nodes(hwloc_topology_t t, std::vector<int>& hwlo
     NumaNode node;
     node.os_index = static_cast<int>(n->os_index);
     node.total_bytes = n->attr->numanode.local_memory;
-    for (hwloc_obj_t c = hwloc_get_next_obj_by_type(t, unit, nullptr); c != nullptr;
-         c = hwloc_get_next_obj_by_type(t, unit, c)) {
+    // hwloc tags HBM that the OS onlined as a NUMA node (GH200, POWER9+V100) with this subtype,
+    // and gives it the GPU's local CPUs as its cpuset: where it sits, not CPUs of its own.
+    const bool gpu_memory = n->subtype != nullptr && std::strcmp(n->subtype, "GPUMemory") == 0;
+    if (gpu_memory) hwloc_gpu_memory.push_back(node.os_index);
+    for (hwloc_obj_t c = gpu_memory ? nullptr : hwloc_get_next_obj_by_type(t, unit, nullptr);
+         c != nullptr; c = hwloc_get_next_obj_by_type(t, unit, c)) {
       if (hwloc_bitmap_intersects(c->cpuset, n->cpuset)) {
         node.cpus.push_back(hwloc_bitmap_first(c->cpuset));
       }
     }
     std::sort(node.cpus.begin(), node.cpus.end());
-    // hwloc tags HBM that the OS onlined as a NUMA node (GH200, POWER9+V100) with this subtype.
-    if (n->subtype != nullptr && std::strcmp(n->subtype, "GPUMemory") == 0) {
-      hwloc_gpu_memory.push_back(node.os_index);
-    }
     nodes.push_back(std::move(node));
   }
   std::sort(nodes.begin(), nodes.end(),
@@ -339,42 +350,30 @@ std::string hostname() {
   return buf;
 }
 
-Topology discover() {
-  Topology topo;
-  topo.hostname = hostname();
-  struct utsname u{};
-  topo.cpu_arch = uname(&u) == 0 ? u.machine : "unknown";
+/// GHT_DEVICE among topo.gpus; none without GPUs.
+void select_gpu(Topology& topo) {
+  if (topo.gpus.empty()) return;
+  const auto dev = config::cfg().get_int(config::Key::GHT_DEVICE);
+  if (dev >= static_cast<std::int64_t>(topo.gpus.size())) {
+    throw ght::config_error("GHT_DEVICE=" + std::to_string(dev) + ": no such CUDA device; " +
+                            std::to_string(topo.gpus.size()) + " visible, valid ordinals 0.." +
+                            std::to_string(topo.gpus.size() - 1));
+  }
+  topo.gpu_index = static_cast<int>(dev);
+}
 
-  const Hwloc hw;
-  read_cpu(hw.get(), topo);
-  std::vector<int> gpu_memory_nodes;
-  topo.numa_nodes = read_numa_nodes(hw.get(), gpu_memory_nodes);
-  read_numa_memory(topo.numa_nodes);
-
-#ifdef GHT_HAVE_CUDA
-  topo.gpus = discover_gpus();
-#endif
-  if (!topo.gpus.empty()) {
-    const auto dev = config::cfg().get_int(config::Key::GHT_DEVICE);
-    if (dev >= static_cast<std::int64_t>(topo.gpus.size())) {
-      throw ght::config_error("GHT_DEVICE=" + std::to_string(dev) + ": no such CUDA device; " +
-                              std::to_string(topo.gpus.size()) +
-                              " visible, valid ordinals 0.." +
-                              std::to_string(topo.gpus.size() - 1));
-    }
-    topo.gpu_index = static_cast<int>(dev);
-#ifdef GHT_HAVE_CUDA
-    read_free_hbm(topo.gpus[topo.gpu_index]);
-#endif
-    for (const auto& g : topo.gpus) {
-      if (g.memory_numa_node >= 0) gpu_memory_nodes.push_back(g.memory_numa_node);
-    }
+/// What follows from the nodes and GPUs found: which nodes are HBM, the host totals (from
+/// `meminfo`, /proc/meminfo's text; "" for a machine that is not this one), the host node and the
+/// link kind.
+void resolve(hwloc_topology_t t, Topology& topo, std::vector<int> gpu_memory_nodes,
+             const std::string& meminfo) {
+  for (const auto& g : topo.gpus) {
+    if (g.memory_numa_node >= 0) gpu_memory_nodes.push_back(g.memory_numa_node);
   }
   detail::flag_gpu_memory_nodes(topo.numa_nodes, gpu_memory_nodes);
 
   // System-wide totals. /proc/meminfo counts the GH200's HBM node as system memory, so the
   // GPU-memory nodes are subtracted to get the host's own memory.
-  const std::string meminfo = detail::read_text_file("/proc/meminfo");
   const std::uint64_t mem_total = detail::meminfo_bytes(meminfo, "MemTotal");
   const std::uint64_t mem_available = detail::meminfo_bytes(meminfo, "MemAvailable");
   std::uint64_t gpu_total = 0, gpu_free = 0, host_nodes_total = 0;
@@ -406,13 +405,50 @@ Topology discover() {
   }
 
   const GpuInfo* gpu = topo.gpu();
-  const int nearest = gpu != nullptr ? nearest_node_of_gpu(hw.get(), topo.numa_nodes, *gpu) : -1;
+  const int nearest = gpu != nullptr ? nearest_node_of_gpu(t, topo.numa_nodes, *gpu) : -1;
   const auto requested = config::cfg().get_int(config::Key::GHT_HOST_NUMA);
   topo.host_numa_node =
       detail::select_host_node(topo.numa_nodes, static_cast<int>(requested), nearest);
   topo.link = detail::link_kind_from_attributes(gpu != nullptr,
                                                 gpu != nullptr && gpu->pageable_uses_host_page_tables,
                                                 gpu != nullptr && gpu->host_native_atomics);
+}
+
+/// Host name and architecture of a machine that hwloc read from an XML export.
+void read_exported_names(hwloc_topology_t t, Topology& topo) {
+  const hwloc_obj_t root = hwloc_get_root_obj(t);
+  const char* host = hwloc_obj_get_info_by_name(root, "HostName");
+  const char* arch = hwloc_obj_get_info_by_name(root, "Architecture");
+  topo.hostname = host != nullptr ? host : "unknown";
+  topo.cpu_arch = arch != nullptr ? arch : "unknown";
+}
+
+Topology discover() {
+  Topology topo;
+  const Hwloc hw;  // HWLOC_XMLFILE may make it another machine's export
+  // libnuma and /proc describe this machine; for an exported one, hwloc's own sizes stand.
+  const bool this_system = hwloc_topology_is_thissystem(hw.get()) != 0;
+  if (this_system) {
+    topo.hostname = hostname();
+    struct utsname u{};
+    topo.cpu_arch = uname(&u) == 0 ? u.machine : "unknown";
+  } else {
+    read_exported_names(hw.get(), topo);
+  }
+  read_cpu(hw.get(), topo);
+  std::vector<int> gpu_memory_nodes;
+  topo.numa_nodes = read_numa_nodes(hw.get(), gpu_memory_nodes);
+  if (this_system) read_numa_memory(topo.numa_nodes);
+
+#ifdef GHT_HAVE_CUDA
+  topo.gpus = discover_gpus();
+#endif
+  select_gpu(topo);
+#ifdef GHT_HAVE_CUDA
+  if (topo.gpu_index >= 0) read_free_hbm(topo.gpus[topo.gpu_index]);
+#endif
+  resolve(hw.get(), topo, std::move(gpu_memory_nodes),
+          this_system ? detail::read_text_file("/proc/meminfo") : std::string());
   return topo;
 }
 
@@ -426,6 +462,20 @@ const NumaNode* find_node(const Topology& t, int os) {
 std::string yes_no(bool b) { return b ? "1" : "0"; }
 
 }  // namespace
+
+Topology detail::topology_from_hwloc_xml(const std::string& xml_path,
+                                         std::vector<GpuInfo> gpus) {
+  const Hwloc hw(xml_path);
+  Topology topo;
+  read_exported_names(hw.get(), topo);
+  read_cpu(hw.get(), topo);
+  std::vector<int> gpu_memory_nodes;
+  topo.numa_nodes = read_numa_nodes(hw.get(), gpu_memory_nodes);
+  topo.gpus = std::move(gpus);
+  select_gpu(topo);
+  resolve(hw.get(), topo, std::move(gpu_memory_nodes), /*meminfo=*/"");
+  return topo;
+}
 
 // ---- Topology -----------------------------------------------------------------------------------
 std::uint64_t Topology::capacity(TierKind t) const {

@@ -34,6 +34,13 @@ void flag_gpu_memory_nodes(std::vector<NumaNode>& nodes, const std::vector<int>&
 [[nodiscard]] int nearest_host_node(const std::vector<NumaNode>& nodes,
                                     const std::vector<int>& node_ids);
 
+/// The machine an hwloc XML export describes (lstopo --of xml; tests/data/gh200-topology.xml),
+/// with `gpus` as CUDA would report them: the same rules as topology(), on hwloc's NUMA sizes
+/// (libnuma and /proc/meminfo describe the machine running, not the file; free bytes are 0).
+/// @throws ght::io_error naming the file when hwloc cannot read it
+[[nodiscard]] Topology topology_from_hwloc_xml(const std::string& xml_path,
+                                               std::vector<GpuInfo> gpus);
+
 /// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" from the 16 raw bytes of cudaUUID_t.
 [[nodiscard]] std::string format_gpu_uuid(const unsigned char (&bytes)[16]);
 
