@@ -18,6 +18,11 @@ namespace ght::alloc {
 
 using config::Key;
 
+std::string host_resource_kind(const std::string& option, LinkKind link) {
+  if (option != "auto") return option;
+  return link == LinkKind::pcie ? "pinned" : "system";
+}
+
 std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
   const config::Registry& c = config::cfg();
   const tier::Topology& topo = tier::topology();
@@ -44,8 +49,7 @@ std::unique_ptr<tiered_allocator> make_default_tiered_allocator() {
   if (c.source(Key::GHT_HOST_NUMA) == config::Source::Default && !detail::numa_node_usable(node)) {
     node = -1;
   }
-  std::string kind = c.get_string(Key::GHT_HOST_MEMORY);
-  if (kind == "auto") kind = topo.link == LinkKind::pcie ? "pinned" : "system";
+  const std::string kind = host_resource_kind(c.get_string(Key::GHT_HOST_MEMORY), topo.link);
   auto& host = tiers[static_cast<std::size_t>(TierKind::host)];
   detail::HostCacheOptions cache;
   cache.max_bytes = c.get_size(Key::GHT_HOST_CACHE).resolve(caps.host_total, "GHT_HOST_CACHE");

@@ -216,4 +216,9 @@ class tiered_allocator final : public memory_resource {
  */
 [[nodiscard]] std::unique_ptr<tiered_allocator> make_default_tiered_allocator();
 
+/// The host-tier resource that GHT_HOST_MEMORY=`option` gives on a `link`: the option itself,
+/// or for "auto" "system" on c2c (the GPU reads pageable memory coherently, so pinning buys
+/// nothing) and without a GPU, "pinned" on pcie.
+[[nodiscard]] std::string host_resource_kind(const std::string& option, LinkKind link);
+
 }  // namespace ght::alloc
