@@ -19,6 +19,7 @@
 #include <random>
 
 #include "tier/error.hpp"
+#include "trainer/detail/data_shard.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/tokenizer.hpp"
 
@@ -29,121 +30,21 @@ namespace ght::trainer {
 static_assert(std::endian::native == std::endian::little,
               "shards and .npy arrays are read as little-endian in place");
 
+using detail::Fd;
+using detail::file_size_or_fail;
+using detail::io_fail;
+using detail::LoadedShard;
+using detail::pread_full;
+
 namespace {
 
 std::atomic<std::int64_t> g_fill_fault{-1};  // fail_next_fill_after_for_testing
-
-[[noreturn]] void io_fail(const std::string& path, const std::string& what) {
-  throw io_error(path + ": " + what);
-}
 
 std::string lower(std::string_view s) {
   std::string r(s);
   for (auto& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return r;
 }
-
-std::int64_t file_size_or_fail(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    io_fail(path, std::string("cannot stat: ") + std::strerror(errno));
-  }
-  if (!S_ISREG(st.st_mode)) io_fail(path, "not a regular file");
-  return static_cast<std::int64_t>(st.st_size);
-}
-
-/// Read exactly `bytes` at `offset`; returns fewer only at end of file.
-std::size_t pread_full(int fd, void* dst, std::size_t bytes, std::int64_t offset,
-                       const std::string& path) {
-  auto* p = static_cast<char*>(dst);
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::pread(fd, p + done, bytes - done, static_cast<off_t>(offset) +
-                                                              static_cast<off_t>(done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      io_fail(path, std::string("read failed: ") + std::strerror(errno));
-    }
-    if (n == 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  return done;
-}
-
-struct Fd {
-  int fd = -1;
-  Fd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
-    if (fd < 0) io_fail(path, std::string("cannot open: ") + std::strerror(errno));
-  }
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-};
-
-// Range check of a token array; names the file, the token's index and its value.
-template <class T>
-void check_tokens(const T* tok, std::size_t n, std::int64_t vocab, const std::string& path,
-                  std::int64_t first_index = 0) {
-  if (vocab <= 0) return;
-  const auto limit = static_cast<std::uint64_t>(vocab);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (static_cast<std::uint64_t>(tok[i]) >= limit) [[unlikely]] {
-      io_fail(path, "token " + std::to_string(first_index + static_cast<std::int64_t>(i)) +
-                        " has id " + std::to_string(static_cast<std::uint64_t>(tok[i])) +
-                        ", outside the vocabulary (ids must be < " + std::to_string(vocab) + ")");
-    }
-  }
-}
-
-// A whole shard read into memory; tokens start after the header. Read with pread rather than
-// mapped: a shard truncated while the run uses it (a re-prep in another shell, a full disk) must
-// give an error naming the file, and a mapping would kill the process with SIGBUS on the first
-// page past the new end.
-class LoadedShard {
- public:
-  LoadedShard() = default;
-  explicit LoadedShard(const ShardInfo& info) : info_(info) {
-    Fd f(info.path);
-    const std::size_t bytes = static_cast<std::size_t>(kShardHeaderBytes) +
-                              static_cast<std::size_t>(info.tokens) * token_bytes(info.dtype);
-    data_.resize(bytes);
-    const std::size_t got = pread_full(f.fd, data_.data(), bytes, 0, info.path);
-    if (got != bytes) {
-      io_fail(info.path, "shard is shorter than its header says (" + std::to_string(info.tokens) + " " +
-                             std::string(to_string(info.dtype)) + " tokens, " + std::to_string(bytes) +
-                             " bytes with the header; read " + std::to_string(got) +
-                             "): was it truncated or rewritten while in use?");
-    }
-  }
-  [[nodiscard]] std::uint32_t at(std::int64_t i) const {
-    const unsigned char* p = data_.data() + kShardHeaderBytes;
-    if (info_.dtype == TokenDtype::u16) {
-      std::uint16_t v;
-      std::memcpy(&v, p + 2 * i, 2);
-      return v;
-    }
-    std::uint32_t v;
-    std::memcpy(&v, p + 4 * i, 4);
-    return v;
-  }
-  void validate(int vocab) const {
-    const unsigned char* p = data_.data() + kShardHeaderBytes;
-    const auto n = static_cast<std::size_t>(info_.tokens);
-    // The body starts at byte 1024 of a vector's (new-aligned) storage: aligned for both widths.
-    if (info_.dtype == TokenDtype::u16) {
-      check_tokens(reinterpret_cast<const std::uint16_t*>(p), n, vocab, info_.path);
-    } else {
-      check_tokens(reinterpret_cast<const std::uint32_t*>(p), n, vocab, info_.path);
-    }
-  }
-  [[nodiscard]] const ShardInfo& info() const { return info_; }
-
- private:
-  ShardInfo info_;
-  std::vector<unsigned char> data_;
-};
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -206,146 +107,6 @@ std::optional<TokenDtype> parse_token_dtype(std::string_view s) noexcept {
   if (l == "uint16" || l == "u16") return TokenDtype::u16;
   if (l == "uint32" || l == "u32") return TokenDtype::u32;
   return std::nullopt;
-}
-
-// ---- shard reading ------------------------------------------------------------------------------
-
-ShardInfo read_shard_info(const std::string& path) {
-  const std::int64_t size = file_size_or_fail(path);
-  Fd f(path);
-  std::array<std::int32_t, kShardHeaderInts> h{};
-  const std::size_t got = pread_full(f.fd, h.data(), kShardHeaderBytes, 0, path);
-  if (got < kShardHeaderBytes) {
-    io_fail(path, "truncated shard header: file has " + std::to_string(size) +
-                      " bytes, the header alone needs " + std::to_string(kShardHeaderBytes));
-  }
-  ShardInfo info;
-  info.path = path;
-  if (h[0] == kShardMagic) {
-    if (h[1] == kShardVersionU16) {
-      info.dtype = TokenDtype::u16;
-    } else if (h[1] == kShardVersionU32) {
-      info.dtype = TokenDtype::u32;
-    } else {
-      io_fail(path, "unsupported shard version " + std::to_string(h[1]) +
-                        " (expected 1 = uint16 tokens or 2 = uint32 tokens)");
-    }
-  } else if (h[0] == kLlmcLlama3Magic) {
-    if (h[1] != kLlmcLlama3Version) {
-      io_fail(path, "unsupported llm.c Llama-3 shard version " + std::to_string(h[1]) +
-                        " (expected 7)");
-    }
-    info.dtype = TokenDtype::u32;
-  } else {
-    io_fail(path, "bad magic " + std::to_string(h[0]) + " (expected " +
-                      std::to_string(kShardMagic) + "): not an llm.c token shard");
-  }
-  if (h[2] < 0) io_fail(path, "negative token count " + std::to_string(h[2]) + " in header");
-  info.tokens = h[2];
-  const std::int64_t want =
-      static_cast<std::int64_t>(kShardHeaderBytes) +
-      info.tokens * static_cast<std::int64_t>(token_bytes(info.dtype));
-  if (size < want) {
-    io_fail(path, "truncated: header says " + std::to_string(info.tokens) + " " +
-                      std::string(to_string(info.dtype)) + " tokens (" + std::to_string(want) +
-                      " bytes with the header), file has " + std::to_string(size) + " bytes");
-  }
-  if (size > want) {
-    io_fail(path, "trailing bytes: header says " + std::to_string(info.tokens) + " " +
-                      std::string(to_string(info.dtype)) + " tokens (" + std::to_string(want) +
-                      " bytes with the header), file has " + std::to_string(size) + " bytes");
-  }
-  return info;
-}
-
-std::vector<std::uint32_t> read_shard(const std::string& path, int vocab) {
-  const ShardInfo info = read_shard_info(path);
-  std::vector<std::uint32_t> out(static_cast<std::size_t>(info.tokens));
-  if (info.tokens == 0) return out;
-  LoadedShard m(info);
-  m.validate(vocab);
-  for (std::int64_t i = 0; i < info.tokens; ++i) out[static_cast<std::size_t>(i)] = m.at(i);
-  return out;
-}
-
-// ---- shard writing ------------------------------------------------------------------------------
-
-ShardWriter::ShardWriter(std::string path, TokenDtype dtype)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), dtype_(dtype) {
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) io_fail(tmp_path_, std::string("cannot create shard: ") + std::strerror(errno));
-  buf_.reserve(1 << 20);
-  // Placeholder header; the count is patched in close().
-  buf_.resize(kShardHeaderBytes, 0);
-}
-
-ShardWriter::~ShardWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_path_.c_str());
-  }
-}
-
-void ShardWriter::flush_buffer() {
-  std::size_t done = 0;
-  while (done < buf_.size()) {
-    const ssize_t n = ::write(fd_, buf_.data() + done, buf_.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      io_fail(tmp_path_, std::string("write failed: ") + std::strerror(errno));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  buf_.clear();
-}
-
-void ShardWriter::append(std::span<const std::uint32_t> tokens) {
-  GHT_EXPECTS(fd_ >= 0, "ShardWriter::append after close: " + path_);
-  GHT_EXPECTS(count_ + static_cast<std::int64_t>(tokens.size()) <= std::numeric_limits<std::int32_t>::max(),
-              "shard " + path_ + " would exceed 2^31-1 tokens (the header count is int32)");
-  const std::size_t w = token_bytes(dtype_);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    const std::uint32_t t = tokens[i];
-    if (dtype_ == TokenDtype::u16) {
-      GHT_EXPECTS(t <= 0xFFFF, "shard " + path_ + ": token " + std::to_string(t) + " at index " +
-                                   std::to_string(count_ + static_cast<std::int64_t>(i)) +
-                                   " does not fit uint16 (use uint32 shards)");
-      const auto v = static_cast<std::uint16_t>(t);
-      const auto* b = reinterpret_cast<const unsigned char*>(&v);
-      buf_.insert(buf_.end(), b, b + w);
-    } else {
-      const auto* b = reinterpret_cast<const unsigned char*>(&t);
-      buf_.insert(buf_.end(), b, b + w);
-    }
-    if (buf_.size() >= (1u << 20)) flush_buffer();
-  }
-  count_ += static_cast<std::int64_t>(tokens.size());
-}
-
-void ShardWriter::close() {
-  GHT_EXPECTS(fd_ >= 0, "ShardWriter::close called twice: " + path_);
-  flush_buffer();
-  std::array<std::int32_t, kShardHeaderInts> h{};
-  h[0] = kShardMagic;
-  h[1] = dtype_ == TokenDtype::u16 ? kShardVersionU16 : kShardVersionU32;
-  h[2] = static_cast<std::int32_t>(count_);
-  if (::pwrite(fd_, h.data(), kShardHeaderBytes, 0) != static_cast<ssize_t>(kShardHeaderBytes)) {
-    io_fail(tmp_path_, std::string("header write failed: ") + std::strerror(errno));
-  }
-  if (::fsync(fd_) != 0) io_fail(tmp_path_, std::string("fsync failed: ") + std::strerror(errno));
-  const int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0) io_fail(tmp_path_, std::string("close failed: ") + std::strerror(errno));
-  if (std::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    io_fail(path_, std::string("cannot rename the temporary shard into place: ") +
-                       std::strerror(errno));
-  }
-  fileio::fsync_dir(fs::path(path_).parent_path().string());
-}
-
-void write_shard(const std::string& path, std::span<const std::uint32_t> tokens, TokenDtype dtype) {
-  ShardWriter w(path, dtype);
-  w.append(tokens);
-  w.close();
 }
 
 // ---- listing ------------------------------------------------------------------------------------
@@ -433,6 +194,7 @@ struct DataLoader::Impl {
   std::vector<std::int64_t> window_order;
   std::int64_t mapped_shard = -1;
   LoadedShard mapped;
+  std::int64_t checked_epoch = -1, checked_pos = -1;  // the visit whose file was last checked
 
   void ensure_order() {
     if (order_epoch != epoch) {
@@ -458,10 +220,21 @@ struct DataLoader::Impl {
     }
   }
 
+  // Each visit of a shard (a new position in the epoch's order, or the same one in a later
+  // epoch, as with a single shard) checks that its file is still the one read: a changed size
+  // is an error naming the file; a rewrite of the same size is read again.
   void ensure_shard(std::int64_t sh) {
-    if (mapped_shard == sh) return;
+    if (mapped_shard == sh) {
+      if (checked_epoch == epoch && checked_pos == shard_pos) return;
+      if (detail::stamp_of_shard(mapped.info()) == mapped.stamp()) {
+        checked_epoch = epoch;
+        checked_pos = shard_pos;
+        return;
+      }
+    }
     mapped = LoadedShard();
     mapped_shard = -1;
+    (void)detail::stamp_of_shard(shards[static_cast<std::size_t>(sh)]);
     // Re-read the header: the file may have been replaced since the loader was built.
     const ShardInfo now = read_shard_info(shards[static_cast<std::size_t>(sh)].path);
     if (now.tokens != shards[static_cast<std::size_t>(sh)].tokens ||
@@ -473,6 +246,8 @@ struct DataLoader::Impl {
     m.validate(opt.vocab);
     mapped = std::move(m);
     mapped_shard = sh;
+    checked_epoch = epoch;
+    checked_pos = shard_pos;
   }
 
   void ensure_window_order(std::int64_t sh) {
@@ -581,6 +356,7 @@ void DataLoader::restore(const LoaderState& s) {
   impl_->index = s.index;
   impl_->seed = s.seed;
   impl_->order_epoch = impl_->perm_epoch = impl_->perm_shard_pos = -1;
+  impl_->checked_epoch = impl_->checked_pos = -1;
   if (s.shard < nshards) {
     impl_->ensure_order();
     const std::int64_t sh = impl_->shard_order[static_cast<std::size_t>(s.shard)];

@@ -163,8 +163,11 @@ class DataLoader {
   DataLoader(DataLoader&&) noexcept;
   DataLoader& operator=(DataLoader&&) noexcept;
 
-  /// @brief The next B windows, crossing shards and epochs as needed.
-  /// @throws ght::io_error when a shard fails validation on load
+  /// @brief The next B windows, crossing shards and epochs as needed. Each visit of a shard (its
+  /// turn in an epoch, also when it is the only one) checks that its file is still the one read:
+  /// a rewrite of the same size is read again.
+  /// @throws ght::io_error when a shard fails validation on load, or its file changed size since
+  ///         the loader was built (the message names the file, both sizes and the way out)
   [[nodiscard]] Batch next();
   /// Fill an existing batch (reuses its buffers).
   void next(Batch& out);
