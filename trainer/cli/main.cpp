@@ -36,6 +36,28 @@ void set_config_flag(const std::string& name, const std::string& value) {
 }
 
 
+std::string set_syntax_message(std::string_view got) {
+  return "--set expects NAME=VALUE, e.g. --set GHT_SPILL=off; got '" + std::string(got) + "'";
+}
+
+// `--set NAME` without "=VALUE", before or after the subcommand: checked before CLI11 parses, which
+// would take NAME for the subcommand ("unknown command") or for an extra argument ("arguments were
+// not expected").
+std::optional<std::string> set_syntax_error(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return std::nullopt;
+    if (arg.starts_with("--set=")) {
+      if (arg.find('=', 6) == std::string_view::npos) return set_syntax_message(arg.substr(6));
+      continue;
+    }
+    if (arg != "--set") continue;
+    if (i + 1 >= argc || argv[i + 1][0] == '-') return set_syntax_message("");
+    if (std::string_view(argv[i + 1]).find('=') == std::string_view::npos) return set_syntax_message(argv[i + 1]);
+  }
+  return std::nullopt;
+}
+
 // The first positional argument names the subcommand; anything before it is a global option.
 // Checked before CLI11 parses, so `ght trian --help` is an error rather than the top-level help.
 std::optional<std::string> unknown_command_error(const CLI::App& app, int argc, char** argv) {
@@ -91,6 +113,10 @@ int main(int argc, char** argv) {
     // Load the environment and GHT_CONFIG first, so a bad GHT_* value fails every command.
     ght::config::cfg();
     ght::cli::setup_all(app);
+    if (const auto err = ght::cli::set_syntax_error(argc, argv)) {
+      std::fprintf(stderr, "ght: configuration error: %s\n", err->c_str());
+      return 2;
+    }
     if (const auto err = ght::cli::unknown_command_error(app, argc, argv)) {
       std::fprintf(stderr, "ght: error: %s\n", err->c_str());
       return 2;
@@ -99,7 +125,7 @@ int main(int argc, char** argv) {
       for (const auto& s : sets) {
         const auto eq = s.find('=');
         if (eq == std::string::npos) {
-          throw ght::config_error("--set expects NAME=VALUE, got '" + s + "'");
+          throw ght::config_error(ght::cli::set_syntax_message(s));
         }
         ght::cli::set_config_flag(s.substr(0, eq), s.substr(eq + 1));
       }
