@@ -73,6 +73,36 @@ std::vector<std::int64_t> permutation(std::int64_t n, std::uint64_t seed, bool s
   return p;
 }
 
+// The links of a path that loop, as "a -> b -> a": from the first of its prefixes whose
+// resolution fails with ELOOP, each link's target in turn until one repeats.
+std::string symlink_loop(const std::string& path) {
+  fs::path start;
+  fs::path prefix;
+  std::error_code ec;
+  for (const auto& part : fs::path(path)) {
+    prefix /= part;
+    if (!fs::is_symlink(prefix, ec)) continue;
+    (void)fs::status(prefix, ec);
+    if (ec.value() == ELOOP) {
+      start = prefix;
+      break;
+    }
+  }
+  if (start.empty()) return path;
+  std::vector<fs::path> seen{start.lexically_normal()};
+  std::string chain = start.string();
+  for (fs::path at = start; seen.size() < 40;) {
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec) break;
+    at = target.is_absolute() ? target : at.parent_path() / target;
+    chain += " -> " + at.lexically_normal().string();
+    if (std::find(seen.begin(), seen.end(), at.lexically_normal()) != seen.end()) break;
+    seen.push_back(at.lexically_normal());
+    if (!fs::is_symlink(at, ec)) break;
+  }
+  return chain;
+}
+
 bool has_glob_chars(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
 
 std::vector<std::string> dir_files(const std::string& dir, const std::string& prefix,
@@ -132,7 +162,13 @@ std::vector<std::string> list_shards(const std::string& pattern) {
     std::sort(files.begin(), files.end());
     return files;
   }
-  if (!fs::exists(pattern, ec)) io_fail(pattern, "no such shard file or directory");
+  if (!fs::exists(pattern, ec)) {
+    if (ec.value() == ELOOP) {
+      throw io_error("--data " + pattern + ": symbolic link loop (" + symlink_loop(pattern) +
+                     "); point the link at the shard directory or file");
+    }
+    io_fail(pattern, "no such shard file or directory");
+  }
   return {pattern};
 }
 

@@ -24,5 +24,12 @@ must_fail "ght --set=GHT_SPILL config" -- "$GHT" --set=GHT_SPILL config
 expect_in "$TMP/err" "got 'GHT_SPILL'"
 "$GHT" --set GHT_SPILL=off config >"$TMP/out" 2>"$TMP/err" || fail "--set GHT_SPILL=off config: $(cat "$TMP/err")"
 
+# ---- --data through a symbolic link loop ---------------------------------------------------------
+ln -s "$TMP/loop_b" "$TMP/loop_a"
+ln -s "$TMP/loop_a" "$TMP/loop_b"
+must_fail "--data on a link loop" -- "$GHT" train --model tiny --data "$TMP/loop_a" --out "$TMP/run_loop" --steps 1
+expect_in "$TMP/err" "--data $TMP/loop_a: symbolic link loop ($TMP/loop_a -> $TMP/loop_b -> $TMP/loop_a)"
+if grep -q "no such shard" "$TMP/err"; then fail "a link loop reported as a missing file"; fi
+
 [ "$failures" -eq 0 ] || { echo "first_use_test: $failures failure(s)" >&2; exit 1; }
 echo "first_use_test: ok"
