@@ -4,6 +4,7 @@
  * @brief Guards around a training run's output directory: an exclusive lock for the run's
  * lifetime, detection of a previous run's output, and a per-invocation run id.
  */
+#include <functional>
 #include <string>
 
 namespace ght::trainer {
@@ -28,6 +29,10 @@ class RunDirLock {
   std::string path_;
   int fd_ = -1;
 };
+
+/// Tests: call f in every RunDirLock constructor after it takes the lock and before it writes its
+/// pid (an empty function turns this off), to hold open the moment two runs race for the lock.
+void set_run_lock_pause_for_testing(std::function<void()> f);
 
 /// True when run_dir holds a previous run's output: a `ckpt_*` directory or log.jsonl.
 [[nodiscard]] bool holds_run(const std::string& run_dir);

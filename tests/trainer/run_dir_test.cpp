@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "common/expect.hpp"
 #include "common/temp_dir.hpp"
@@ -61,6 +64,60 @@ TEST(RunDir, RunIdsDiffer) {
   const std::string a = new_run_id(), b = new_run_id();
   EXPECT_NE(a, b);
   EXPECT_EQ(a.size(), std::string("20261201T034512Z-9f3a01c2").size()) << a;
+}
+
+}  // namespace
+
+namespace {
+
+// Two runs that start together: the second finds the lock taken before the first has written its
+// pid (held open here by the pause hook), and still names the first one's pid, never "unknown".
+TEST(RunDirLock, SecondRunStartingTogetherNamesTheFirstOnesPid) {
+  ght::test::TempDir tmp("ght_rundir_test");
+  const std::string run = tmp / "run";
+  std::string second_error;
+  std::thread second;
+  set_run_lock_pause_for_testing([&] {
+    set_run_lock_pause_for_testing({});  // the second run does not pause
+    second = std::thread([&] {
+      second_error = ght::test::error_of<ght::logic_error>([&] { RunDirLock lock(run); });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the second reads meanwhile
+  });
+  {
+    RunDirLock first(run);
+    second.join();
+  }
+  set_run_lock_pause_for_testing({});
+  EXPECT_CONTAINS(second_error, "pid " + std::to_string(::getpid()) + ",");
+  EXPECT_EQ(second_error.find("unknown"), std::string::npos) << second_error;
+}
+
+// Many unpaused races between two threads: exactly one wins each time, the other names its pid.
+TEST(RunDirLock, RacingRunsAlwaysNameTheHolder) {
+  ght::test::TempDir tmp("ght_rundir_test");
+  for (int i = 0; i < 50; ++i) {
+    const std::string run = tmp / ("run" + std::to_string(i));
+    std::atomic<int> ready{0};
+    std::string errors[2];
+    std::optional<RunDirLock> locks[2];
+    auto race = [&](int k) {
+      ++ready;
+      while (ready.load() < 2) {
+      }
+      try {
+        locks[k].emplace(run);
+      } catch (const ght::logic_error& e) {
+        errors[k] = e.what();
+      }
+    };
+    std::thread a(race, 0), b(race, 1);
+    a.join();
+    b.join();
+    ASSERT_NE(locks[0].has_value(), locks[1].has_value()) << errors[0] << errors[1];
+    const std::string& msg = errors[locks[0] ? 1 : 0];
+    ASSERT_NE(msg.find("pid " + std::to_string(::getpid()) + ","), std::string::npos) << msg;
+  }
 }
 
 }  // namespace
