@@ -29,7 +29,7 @@
 namespace ght::config {
 
 enum class Key {
-#define GHT_OPTION(name, type, def, choices, doc) name,
+#define GHT_OPTION(name, type, def, choices, doc, short_doc) name,
 #include "tier/config_options.inc"
 #undef GHT_OPTION
   kCount
@@ -48,7 +48,8 @@ struct OptionSpec {
   Type type;
   std::string_view default_text;
   std::string_view choices;  ///< Enum: "a|b|c"; Int/Float/Size: "lo:hi"; else empty
-  std::string_view doc;
+  std::string_view doc;        ///< the whole description (docs/options.md, `ght config --json`)
+  std::string_view short_doc;  ///< at most ~90 characters: the DOC column of `ght config`/`ght info`
 };
 
 /// All options, in declaration order.
@@ -107,10 +108,12 @@ class Registry {
   [[nodiscard]] Source source(Key k) const;
   [[nodiscard]] std::string text(Key k) const;  ///< effective value as text
 
-  /// Table: name, value, source, default, doc.
+  /// Table: name, value, source, default, short doc; one line per option.
   [[nodiscard]] std::string format_table() const;
-  [[nodiscard]] std::string format_json() const;  ///< array of {name,type,value,source,default,doc}
-  [[nodiscard]] std::string format_markdown() const;  ///< reference table for the README
+  /// Array of {name,type,value,source,default,choices,doc,short}.
+  [[nodiscard]] std::string format_json() const;
+  /// The options reference (docs/options.md): a table with the short docs, then every whole doc.
+  [[nodiscard]] std::string format_markdown() const;
 
   /// The process-wide registry, loaded lazily from the environment on first use.
   static Registry& global();

@@ -20,7 +20,7 @@ n_opts=0
 while IFS= read -r line; do
   case "$line" in GHT_OPTION\(*) ;; *) continue ;; esac
   n_opts=$((n_opts + 1))
-  # GHT_OPTION(NAME, TYPE, "DEFAULT", "CHOICES", "DOC")
+  # GHT_OPTION(NAME, TYPE, "DEFAULT", "CHOICES", "DOC", "SHORT"): the table prints SHORT
   name=$(sed 's/^GHT_OPTION(\([A-Z0-9_]*\),.*/\1/' <<<"$line")
   def=$(sed 's/^GHT_OPTION([^,]*, *[A-Za-z]*, *"\([^"]*\)".*/\1/' <<<"$line")
   doc=$(sed 's/.*, *"\(.*\)")[[:space:]]*$/\1/' <<<"$line")

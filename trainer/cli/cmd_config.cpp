@@ -18,8 +18,10 @@ void setup(CLI::App& app) {
   auto args = std::make_shared<ConfigArgs>();
   auto* c = app.add_subcommand(
       "config", "Print every GHT_* option: value, source (default/file/env/flag), default, doc");
-  auto* json = c->add_flag("--json", args->json, "Print a JSON array of {name,type,value,source,default,choices,doc}");
-  c->add_flag("--markdown", args->markdown, "Print the README's configuration reference table")
+  auto* json = c->add_flag("--json", args->json,
+                           "Print a JSON array of {name,type,value,source,default,choices,doc,short}");
+  c->add_flag("--markdown", args->markdown,
+              "Print the options reference (docs/options.md): short docs in a table, then whole docs")
       ->excludes(json);
   c->callback([args] {
     auto& reg = ght::config::cfg();
