@@ -139,8 +139,8 @@ std::string_view to_string(Source s) noexcept { return kSourceNames[static_cast<
 
 const std::vector<OptionSpec>& options() {
   static const std::vector<OptionSpec> table = {
-#define GHT_OPTION(name, type, def, choices, doc, short_doc) \
-  OptionSpec{Key::name, #name, Type::type, def, choices, doc, short_doc},
+#define GHT_OPTION(name, type, def, choices, doc) \
+  OptionSpec{Key::name, #name, Type::type, def, choices, doc},
 #include "tier/config_options.inc"
 #undef GHT_OPTION
   };
@@ -305,6 +305,17 @@ SizeValue parse_size(std::string_view name, std::string_view text, std::string_v
     fail(name, text, "empty value, expected a size", accepted);
   }
   const SizeValue v = parse_size(name, text);
+  // A budget or a headroom of a few bytes, written without a unit, is a forgotten unit: "10"
+  // meant 10G. 0 (none) and values with a unit ("512B", "10K") stay as written.
+  const std::string_view digits = trim(text);
+  const bool budget = name.ends_with("_BUDGET") || name.ends_with("_HEADROOM");
+  if (budget && !v.fraction && v.bytes > 0 && v.bytes < (1ULL << 20) &&
+      std::all_of(digits.begin(), digits.end(), is_digit)) {
+    const std::string n(digits);
+    throw config_error(std::string(name) + "=" + n + ": " + n +
+                       " bytes is almost certainly missing a unit; write " + n + "G (GiB), " + n + "GB, or " + n +
+                       "B for bytes");
+  }
   // A percentage is checked when it is resolved against a capacity (a fraction of 0 < f <= 1).
   if (!v.fraction && (v.bytes < lo || v.bytes > hi)) {
     fail(name, text, "out of range (" + format_bytes(v.bytes) + ")", accepted);
@@ -621,7 +632,7 @@ std::string Registry::format_table() const {
   for (const auto& o : options()) {
     const auto [t, src] = lookup(values_, o.key);
     rows.push_back({std::string(o.name), display(t), std::string(to_string(src)), display(o.default_text),
-                    std::string(o.short_doc)});
+                    std::string(o.doc)});
   }
   std::size_t w[4] = {0, 0, 0, 0};
   for (const auto& r : rows) {
@@ -653,8 +664,7 @@ std::string Registry::format_json() const {
                    {"source", to_string(src)},
                    {"default", o.default_text},
                    {"choices", o.choices},
-                   {"doc", o.doc},
-                   {"short", o.short_doc}});
+                   {"doc", o.doc}});
   }
   return arr.dump(2) + "\n";
 }
@@ -669,15 +679,12 @@ std::string Registry::format_markdown() const {
     }
     return r;
   };
-  // The table holds the short docs, so that a row fits a screen; the whole docs follow as a list.
   std::string out = "| name | type | default | description |\n|---|---|---|---|\n";
   for (const auto& o : options()) {
     out += "| `" + std::string(o.name) + "` | " + esc(describe_type(o)) + " | " +
            (o.default_text.empty() ? std::string("*(empty)*") : "`" + esc(o.default_text) + "`") +
-           " | " + esc(o.short_doc) + " |\n";
+           " | " + esc(o.doc) + " |\n";
   }
-  out += "\nIn full:\n\n";
-  for (const auto& o : options()) out += "- `" + std::string(o.name) + "`: " + std::string(o.doc) + "\n";
   return out;
 }
 
