@@ -139,8 +139,8 @@ std::string_view to_string(Source s) noexcept { return kSourceNames[static_cast<
 
 const std::vector<OptionSpec>& options() {
   static const std::vector<OptionSpec> table = {
-#define GHT_OPTION(name, type, def, choices, doc) \
-  OptionSpec{Key::name, #name, Type::type, def, choices, doc},
+#define GHT_OPTION(name, type, def, choices, doc, short_doc) \
+  OptionSpec{Key::name, #name, Type::type, def, choices, doc, short_doc},
 #include "tier/config_options.inc"
 #undef GHT_OPTION
   };
@@ -632,7 +632,7 @@ std::string Registry::format_table() const {
   for (const auto& o : options()) {
     const auto [t, src] = lookup(values_, o.key);
     rows.push_back({std::string(o.name), display(t), std::string(to_string(src)), display(o.default_text),
-                    std::string(o.doc)});
+                    std::string(o.short_doc)});
   }
   std::size_t w[4] = {0, 0, 0, 0};
   for (const auto& r : rows) {
@@ -664,7 +664,8 @@ std::string Registry::format_json() const {
                    {"source", to_string(src)},
                    {"default", o.default_text},
                    {"choices", o.choices},
-                   {"doc", o.doc}});
+                   {"doc", o.doc},
+                   {"short", o.short_doc}});
   }
   return arr.dump(2) + "\n";
 }
@@ -679,12 +680,15 @@ std::string Registry::format_markdown() const {
     }
     return r;
   };
+  // The table holds the short docs, so that a row fits a screen; the whole docs follow as a list.
   std::string out = "| name | type | default | description |\n|---|---|---|---|\n";
   for (const auto& o : options()) {
     out += "| `" + std::string(o.name) + "` | " + esc(describe_type(o)) + " | " +
            (o.default_text.empty() ? std::string("*(empty)*") : "`" + esc(o.default_text) + "`") +
-           " | " + esc(o.doc) + " |\n";
+           " | " + esc(o.short_doc) + " |\n";
   }
+  out += "\nIn full:\n\n";
+  for (const auto& o : options()) out += "- `" + std::string(o.name) + "`: " + std::string(o.doc) + "\n";
   return out;
 }
 
