@@ -1,0 +1,464 @@
+"""ghtier for PyTorch: the tiered CUDA allocator, scoped placement and an offloaded AdamW.
+
+    import torch, ghtier.torch as gt
+    gt.use_allocator()                      # before the first CUDA tensor (GPU machines)
+    with gt.placement("host"):              # CUDA tensors made here live in host memory
+        table = torch.empty(1 << 28, device="cuda")
+    opt = gt.AdamW(model.parameters(), lr=3e-4, state="fp32")   # master, m, v in host memory
+    gt.memory_stats()["tiers"]["host"]["current"]
+
+Importing this module imports PyTorch; `import ghtier` alone does not.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+try:
+    import torch
+except ImportError as _e:  # pragma: no cover - exercised by the import test in a subprocess
+    raise ImportError("ghtier.torch needs PyTorch (`pip install torch`); "
+                      "`import ghtier` works without it") from _e
+
+import ghtier as _ghtier
+
+__all__ = ["use_allocator", "allocator_in_use", "placement", "current_placement", "memory_stats",
+           "where", "AdamW"]
+
+_TIERS = {"auto": -1, "hbm": 0, "host": 1}
+_TIER_NAMES = {v: k for k, v in _TIERS.items()}
+
+# --------------------------------------------------------------------------------------------
+# The allocator
+# --------------------------------------------------------------------------------------------
+_allocator_path: Optional[str] = None
+_allocator_lock = threading.Lock()
+
+
+def use_allocator() -> str:
+    """Make ghtier's tiered allocator PyTorch's CUDA allocator (CUDAPluggableAllocator over the
+    libghtier_alloc.so this package ships, entry points ght_torch_malloc / ght_torch_free).
+
+    Call it before the first CUDA tensor of the process; PyTorch cannot swap an allocator that
+    has served memory. Works whether ghtier or torch was imported first. Idempotent. Where the
+    tensors go: GHT_TORCH_TIER (hbm by default) or placement(). Returns the library's path.
+
+    Raises RuntimeError when PyTorch sees no CUDA device, when this ghtier was built without
+    CUDA, or when the CUDA allocator is already in use."""
+    global _allocator_path
+    with _allocator_lock:
+        if _allocator_path is not None:
+            return _allocator_path
+        if not torch.cuda.is_available():
+            cuda = torch.version.cuda
+            raise RuntimeError(
+                f"ghtier.torch.use_allocator: PyTorch {torch.__version__} sees no CUDA device"
+                + ("" if cuda else " (a CPU-only build of PyTorch)")
+                + "; ghtier's allocator serves CUDA tensors only. On a CPU-only machine skip "
+                  "use_allocator(): AdamW and memory_stats() work without it")
+        core = _ghtier.core()
+        if not core.has_cuda:
+            raise RuntimeError(
+                "ghtier.torch.use_allocator: this ghtier was built without CUDA (no nvcc when "
+                "`pip install .` ran); reinstall with the CUDA toolkit's nvcc on PATH")
+        core.init()
+        path = core.alloc_library_path()
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(path, "ght_torch_malloc", "ght_torch_free")
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise RuntimeError(
+                "ghtier.torch.use_allocator must run before the process's first CUDA tensor "
+                f"(PyTorch: {e}); call it at the start of the program") from e
+        _allocator_path = path
+        return path
+
+
+def allocator_in_use() -> bool:
+    """Whether use_allocator() has installed ghtier's allocator in this process."""
+    return _allocator_path is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Placement
+# --------------------------------------------------------------------------------------------
+class placement(contextlib.ContextDecorator):
+    """Scope where the calling thread's new CUDA tensors go: "hbm" (device memory), "host"
+    (pinned host memory, or coherent system memory on GH200, that kernels read over the link)
+    or "auto" (GHT_TORCH_TIER decides). Usable as `with placement("host"):` and as a decorator;
+    scopes nest and restore the previous setting on exit, exceptions included.
+
+    It steers ghtier's allocator, so it acts on CUDA tensors once use_allocator() is in effect;
+    CPU tensors and tensors that already exist are not moved. It is per thread: tensors that
+    autograd's engine allocates on its own threads during backward follow GHT_TORCH_TIER."""
+
+    def __init__(self, tier: str):
+        if not isinstance(tier, str) or tier.lower() not in _TIERS:
+            raise ValueError(f"ghtier.torch.placement: tier {tier!r} is not one of "
+                             f"{', '.join(repr(t) for t in _TIERS)}")
+        self.tier = tier.lower()
+        self._local = threading.local()  # a stack of previous settings per thread
+
+    def __enter__(self) -> "placement":
+        prev = _ghtier.core().set_thread_tier(_TIERS[self.tier])
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        stack.append(prev)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        _ghtier.core().set_thread_tier(self._local.stack.pop())
+        return False
+
+    def __repr__(self) -> str:
+        return f"placement({self.tier!r})"
+
+
+def current_placement() -> str:
+    """The calling thread's placement: "hbm", "host", or "auto" outside any placement scope."""
+    return _TIER_NAMES[_ghtier.core().thread_tier()]
+
+
+def memory_stats() -> dict:
+    """ghtier's allocator statistics and budgets: tiers.{hbm,host}.{current, peak, total, count,
+    budget, ...}, classes.{weight, master, adam_m, adam_v, ...}, all. AdamW's state is counted
+    under master / adam_m / adam_v; PyTorch's tensors (use_allocator) under other."""
+    return _ghtier.memory_stats()
+
+
+def where(t: "torch.Tensor") -> Optional[dict]:
+    """Where ghtier placed the memory of tensor t ({tier, tensor_class, bytes, region,
+    spilled}), or None when it is not ghtier's."""
+    return _ghtier.core().where(t.data_ptr())
+
+
+# --------------------------------------------------------------------------------------------
+# AdamW with its state in host memory
+# --------------------------------------------------------------------------------------------
+_STATES = ("fp32", "bf16", "q8")
+_PATHS = ("auto", "cpu", "gpu_link", "device")
+# Group keys torch.optim.AdamW keeps, so that a state_dict of either loads into the other.
+_TORCH_GROUP_KEYS = dict(amsgrad=False, maximize=False, foreach=None, capturable=False,
+                         differentiable=False, fused=None, decoupled_weight_decay=True)
+
+
+def _resolve_path(path: str) -> str:
+    if path not in _PATHS:
+        raise ValueError(f"ghtier.torch.AdamW: path {path!r} is not one of {', '.join(_PATHS)}")
+    if path in ("gpu_link", "device"):
+        raise NotImplementedError(
+            f"ghtier.torch.AdamW(path={path!r}) is not implemented: the Python binding carries "
+            "only ghtier's host AdamW (its GPU kernels live in libghtier.so, which would bring "
+            "cuBLAS and cuDNN into PyTorch's process). Use path='cpu' or 'auto', or the C++ "
+            f"trainer (GHT_OPTIMIZER={path})")
+    return "cpu"  # auto: the cpu path, with or without a GPU (see python/README.md)
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW whose fp32 master weights and moments live in host memory (ghtier's
+    host tier: pinned where CUDA exists) and whose update is ghtier's host AdamW
+    (optimizer/adamw_cpu.cpp, OpenMP over the host NUMA node's cores).
+
+    Per step, for each parameter with a gradient: the gradient comes to host memory (a copy
+    for CUDA tensors), the update runs on the host, and the new weights go back to the
+    parameter (the bf16 weights the kernel writes, for bf16 parameters). The formula is
+    torch.optim.AdamW's (decoupled weight decay, bias correction).
+
+    Args (beyond torch's lr, betas, eps, weight_decay):
+      state: element type of m and v: "fp32" (as torch), "bf16" (m rounded to nearest, v
+        stochastically) or "q8" (8-bit blockwise codes); see optimizer/README.md.
+      path: "auto" or "cpu" run the host AdamW; "gpu_link" and "device" raise
+        NotImplementedError (see python/README.md).
+      max_grad_norm: None (default, as torch: no clipping) or a float > 0: gradients are
+        scaled by min(1, max_grad_norm / (norm + 1e-6)), norm being the global L2 norm over
+        every parameter of this optimizer (as clip_grad_norm_ computes it, summed in double).
+      skip_nonfinite: False (default, as torch: a NaN/Inf gradient poisons the weights) or True:
+        a non-finite global norm skips the whole step (weights, state and step counts unchanged;
+        `steps_skipped_nonfinite` counts it), ghtier's trainer rule.
+      threads: host threads of the update (0: GHT_CPU_THREADS, else the host node's cores).
+
+    state_dict() is torch.optim.AdamW's format (state[i] = {"step", "exp_avg", "exp_avg_sq"},
+    fp32 moments shaped like the parameter; plus "master" for non-fp32 parameters), so
+    checkpoints load into torch.optim.AdamW and back.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, state: str = "fp32",
+                 path: str = "auto", max_grad_norm: Optional[float] = None,
+                 skip_nonfinite: bool = False, threads: int = 0):
+        if not 0.0 <= float(lr):
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 < eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if state not in _STATES:
+            raise ValueError(f"ghtier.torch.AdamW: state {state!r} is not one of {', '.join(_STATES)}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"ghtier.torch.AdamW: max_grad_norm must be None or > 0, got {max_grad_norm}")
+        self.path = _resolve_path(path)
+        self.state_type = state
+        self.max_grad_norm = max_grad_norm
+        self.skip_nonfinite = bool(skip_nonfinite)
+        self.threads = int(threads)
+        self.steps_skipped_nonfinite = 0
+        self.last_step: Optional[Dict[str, Any]] = None
+        self._core = _ghtier.core()
+        self._bufs: Dict[torch.Tensor, Dict[str, torch.Tensor]] = {}
+        self._uploads: List[Any] = []  # CUDA events of weight uploads still reading host buffers
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        **_TORCH_GROUP_KEYS)
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for k, v in _TORCH_GROUP_KEYS.items():
+                group.setdefault(k, v)
+            group["decoupled_weight_decay"] = True
+
+    # ---- host memory -------------------------------------------------------------------------
+    def _host(self, nbytes: int, cls: int) -> torch.Tensor:
+        return self._core.host_tensor(max(int(nbytes), 1), cls)
+
+    def _host_like(self, p: torch.Tensor, dtype: torch.dtype, cls: int) -> torch.Tensor:
+        n = p.numel()
+        size = torch.empty((), dtype=dtype).element_size()
+        return self._host(n * size, cls)[: n * size].view(dtype).view(p.shape)
+
+    def _new_moment(self, p: torch.Tensor, is_v: bool) -> torch.Tensor:
+        cls = self._core.CLASS_ADAM_V if is_v else self._core.CLASS_ADAM_M
+        if self.state_type == "q8":
+            rec = self._host(self._core.state_bytes("q8", p.numel()), cls)
+            return rec.zero_()  # codes 0 with scale 0: every value 0
+        dtype = torch.float32 if self.state_type == "fp32" else torch.bfloat16
+        return self._host_like(p, dtype, cls).zero_()
+
+    @staticmethod
+    def _master_is_param(p: torch.Tensor) -> bool:
+        return p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
+
+    def _ensure_bufs(self, p: torch.Tensor) -> Dict[str, torch.Tensor]:
+        bufs = self._bufs.get(p)
+        if bufs is not None:
+            return bufs
+        bufs: Dict[str, Any] = {"master": None}  # None: the parameter is its own master
+        st = self.state[p]
+        if self._master_is_param(p):
+            pass
+        elif "master" in st:
+            bufs["master"] = st["master"]
+        else:
+            master = self._host_like(p, torch.float32, self._core.CLASS_MASTER)
+            master.copy_(p.detach())
+            bufs["master"] = master
+            if p.dtype != torch.float32:
+                st["master"] = master  # more precise than the parameter: checkpoints keep it
+        self._bufs[p] = bufs
+        return bufs
+
+    def _init_state(self, p: torch.Tensor) -> None:
+        st = self.state[p]
+        st["step"] = torch.tensor(0.0, dtype=torch.float32)
+        st["exp_avg"] = self._new_moment(p, False)
+        st["exp_avg_sq"] = self._new_moment(p, True)
+        self._bufs.pop(p, None)
+        self._ensure_bufs(p)
+
+    def sync_master_from_params(self) -> None:
+        """Copy every parameter into its fp32 master. Call it after changing parameters outside
+        step() (loading weights into the model): for parameters that are not contiguous fp32 CPU
+        tensors, the optimizer's master copy is what step() updates."""
+        self._wait_uploads()
+        with torch.no_grad():
+            for p, bufs in self._bufs.items():
+                if bufs["master"] is not None:
+                    bufs["master"].copy_(p.detach())
+
+    def _wait_uploads(self) -> None:
+        for ev in self._uploads:
+            ev.synchronize()
+        self._uploads.clear()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def _host_grad(self, p: torch.Tensor, bufs: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, str]:
+        g = p.grad
+        if g.is_sparse:
+            raise RuntimeError("ghtier.torch.AdamW does not support sparse gradients")
+        kind = "bf16" if g.dtype == torch.bfloat16 else "fp32"
+        if g.device.type == "cpu" and g.dtype in (torch.float32, torch.bfloat16) and g.is_contiguous():
+            return g, kind
+        dtype = torch.bfloat16 if kind == "bf16" else torch.float32
+        stage = bufs.get("grad")
+        if stage is None or stage.dtype != dtype:
+            stage = bufs["grad"] = self._host_like(p, dtype, self._core.CLASS_GRAD)
+        stage.copy_(g, non_blocking=True)
+        return stage, kind
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None):
+        """One AdamW step over every parameter with a gradient; returns closure()'s loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._wait_uploads()
+        work = []  # (group, p, bufs, host grad, grad kind)
+        cuda_devices = set()
+        for group in self.param_groups:
+            if group.get("amsgrad") or group.get("maximize"):
+                raise NotImplementedError("ghtier.torch.AdamW supports neither amsgrad nor maximize")
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if len(self.state[p]) == 0:
+                    self._init_state(p)
+                bufs = self._ensure_bufs(p)
+                g, kind = self._host_grad(p, bufs)
+                if p.grad.device.type == "cuda":
+                    cuda_devices.add(p.grad.device)
+                work.append((group, p, bufs, g, kind))
+        for dev in cuda_devices:
+            torch.cuda.synchronize(dev)  # the gradients' copies to host memory are done
+
+        clip = 1.0
+        norm = None
+        if self.max_grad_norm is not None or self.skip_nonfinite:
+            total = 0.0
+            for _, p, _, g, kind in work:
+                total += self._core.grad_sumsq(g.data_ptr(), kind, p.numel(), self.threads)
+            norm = math.sqrt(total) if total >= 0 else float("nan")
+            if not math.isfinite(norm):
+                if self.skip_nonfinite:
+                    self.steps_skipped_nonfinite += 1
+                    self.last_step = dict(taken=False, grad_norm=norm, clip_coef=1.0)
+                    return loss
+            elif self.max_grad_norm is not None:
+                clip = min(1.0, self.max_grad_norm / (norm + 1e-6))
+        self.last_step = dict(taken=True, grad_norm=norm, clip_coef=clip)
+
+        keys = self._round_keys()
+        for group, p, bufs, g, kind in work:
+            self._update(group, p, bufs, g, kind, clip, keys[p])
+        return loss
+
+    def _round_keys(self) -> Dict[torch.Tensor, int]:
+        # bf16 state's rounding stream: one key per parameter, from its position (stable across
+        # checkpoint and resume of the same model).
+        keys = {}
+        i = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in keys:
+                    keys[p] = self._core.round_key(f"param.{i}")
+                i += 1
+        return keys
+
+    def _update(self, group: dict, p: torch.Tensor, bufs: Dict[str, torch.Tensor], g: torch.Tensor,
+                kind: str, clip: float, key: int) -> None:
+        st = self.state[p]
+        st["step"] += 1
+        n = p.numel()
+        if n == 0:
+            return
+        own_master = bufs["master"] is not None
+        master = bufs["master"] if own_master else p
+        m, v = st["exp_avg"], st["exp_avg_sq"]
+        weight = None
+        if p.device.type == "cuda" and p.dtype == torch.bfloat16:
+            weight = bufs.get("weight")
+            if weight is None:
+                weight = bufs["weight"] = self._host_like(p, torch.bfloat16, self._core.CLASS_WEIGHT)
+        beta1, beta2 = group["betas"]
+        self._core.adamw(master.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), kind,
+                         weight.data_ptr() if weight is not None else 0, n, self.state_type,
+                         float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                         float(group["weight_decay"]), int(st["step"].item()), clip, key,
+                         self.threads)
+        if not own_master:
+            return
+        src = weight if weight is not None else master
+        if p.device.type == "cuda":
+            p.copy_(src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(p.device))
+            self._uploads.append(ev)
+        else:
+            p.copy_(src)
+
+    # ---- checkpoints in torch.optim.AdamW's format -------------------------------------------
+    def _flat_params(self) -> List[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _moment_to_f32(self, p: torch.Tensor, t: torch.Tensor, is_v: bool) -> torch.Tensor:
+        if self.state_type == "fp32":
+            return t
+        if self.state_type == "bf16":
+            return t.float()
+        out = torch.empty(p.shape, dtype=torch.float32)
+        self._core.q8_dequantize(t.data_ptr(), p.numel(), out.data_ptr(), is_v)
+        return out
+
+    def _moment_from(self, p: torch.Tensor, value: torch.Tensor, is_v: bool, where: str) -> torch.Tensor:
+        if not torch.is_tensor(value) or value.numel() != p.numel():
+            got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+            raise ValueError(f"ghtier.torch.AdamW.load_state_dict: {where} has shape {got}, the "
+                             f"parameter {tuple(p.shape)}; is the checkpoint from another model?")
+        src = value.detach().to("cpu", torch.float32).contiguous()
+        dst = self._new_moment(p, is_v)
+        if self.state_type == "q8":
+            self._core.q8_quantize(src.data_ptr(), p.numel(), dst.data_ptr(), is_v)
+        else:
+            dst.copy_(src.view(p.shape))  # bf16: round to nearest even, as ghtier's load_state
+        return dst
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch.optim.AdamW's state_dict: {"state": {i: {"step", "exp_avg", "exp_avg_sq"}},
+        "param_groups": [...]}, moments as fp32 tensors shaped like their parameter (bf16 and
+        q8 state widened / decoded), on the host."""
+        self._wait_uploads()
+        sd = super().state_dict()
+        if self.state_type != "fp32":
+            params = self._flat_params()
+            sd["state"] = {
+                i: {**s, "exp_avg": self._moment_to_f32(params[i], s["exp_avg"], False),
+                    "exp_avg_sq": self._moment_to_f32(params[i], s["exp_avg_sq"], True)}
+                for i, s in sd["state"].items()}
+        return sd
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Load a state_dict of this class or of torch.optim.AdamW (any device, any dtype):
+        moments are copied into host memory in this optimizer's state type; the master is the
+        checkpoint's "master" where there is one, else the parameter."""
+        self._wait_uploads()
+        saved = state_dict.get("state", {})
+        super().load_state_dict({**state_dict, "state": {}})  # groups, hyper-parameters, checks
+        params = self._flat_params()
+        self._bufs.clear()
+        for i, s in saved.items():
+            if not isinstance(i, int) or not 0 <= i < len(params):
+                raise ValueError(f"ghtier.torch.AdamW.load_state_dict: state index {i!r} names no "
+                                 f"parameter (this optimizer has {len(params)})")
+            p = params[i]
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                if key not in s:
+                    raise ValueError(f"ghtier.torch.AdamW.load_state_dict: state[{i}] lacks {key!r} "
+                                     "(not an Adam/AdamW checkpoint?)")
+            st = self.state[p]
+            step = s["step"]
+            st["step"] = torch.tensor(float(step.item() if torch.is_tensor(step) else step),
+                                      dtype=torch.float32)
+            st["exp_avg"] = self._moment_from(p, s["exp_avg"], False, f"state[{i}]['exp_avg']")
+            st["exp_avg_sq"] = self._moment_from(p, s["exp_avg_sq"], True, f"state[{i}]['exp_avg_sq']")
+            if "master" in s and p.dtype != torch.float32:
+                master = self._host_like(p, torch.float32, self._core.CLASS_MASTER)
+                master.copy_(s["master"].detach().to("cpu", torch.float32).view(p.shape))
+                st["master"] = master
+            self._ensure_bufs(p)
