@@ -7,6 +7,7 @@
  * cudaGetLastError() before throwing, so the caller can recover from non-fatal errors.
  */
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -19,6 +20,25 @@ namespace ght::detail {
   throw ght::cuda_error(std::string("CUDA error ") + cudaGetErrorName(err) + ": " +
                         cudaGetErrorString(err) + " in " + call + " at " + file + ":" +
                         std::to_string(line));
+}
+
+/// Usable CUDA devices; when there are none, 0 and `why` says why. The runtime reports a machine
+/// without an NVIDIA driver as "CUDA driver version is insufficient": that is said first.
+inline int cuda_device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err == cudaSuccess && n > 0) return n;
+  (void)cudaGetLastError();
+  if (err == cudaSuccess) {
+    *why = "cudaGetDeviceCount found 0 devices";
+    return 0;
+  }
+  *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+  if ((err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) &&
+      ::access("/proc/driver/nvidia/version", F_OK) != 0) {
+    *why = "no NVIDIA driver is loaded; " + *why;
+  }
+  return 0;
 }
 }  // namespace ght::detail
 

@@ -4,21 +4,16 @@
 #include <cstring>
 
 #ifdef GHT_HAVE_CUDA
-#include <cuda_runtime_api.h>
+#include "tier/cuda_check.hpp"
 #endif
 
 namespace ght::test {
 
 int cuda_device_count(std::string* why) {
 #ifdef GHT_HAVE_CUDA
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
-    return 0;
-  }
-  if (n == 0 && why) *why = "cudaGetDeviceCount returned 0";
+  std::string reason;
+  const int n = ght::detail::cuda_device_count(&reason);
+  if (n == 0 && why) *why = reason;
   return n;
 #else
   if (why) *why = "built without CUDA";
