@@ -54,8 +54,12 @@ pinned_host::pinned_host(PinnedHostOptions options)
              [node = opts_.numa_node] { return detail::numa_node_free_bytes(node); }) {
   threads_ = opts_.threads > 0 ? opts_.threads : detail::usable_cpus();
 #ifdef GHT_HAVE_CUDA
-  int count = 0;
-  GHT_CUDA_TRY(cudaGetDeviceCount(&count));
+  std::string why;
+  const int count = ght::detail::cuda_device_count(&why);
+  if (count == 0) {
+    throw ght::config_error("GHT_HOST_MEMORY=pinned needs a CUDA device (none found: " + why +
+                            "); use GHT_HOST_MEMORY=system or auto");
+  }
   GHT_EXPECTS(opts_.device >= 0 && opts_.device < count,
               "pinned_host: CUDA device " + std::to_string(opts_.device) + " does not exist (" +
                   std::to_string(count) + " devices)");
