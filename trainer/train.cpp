@@ -18,8 +18,7 @@
 #include "trainer/zero.hpp"
 
 #ifdef GHT_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
+#include "tier/cuda_check.hpp"
 #include "trainer/cuda/train_cuda.hpp"
 #endif
 
@@ -27,15 +26,12 @@ namespace ght::trainer {
 
 namespace {
 
-bool gpu_present() {
+/// True when a CUDA device is usable; else `why` says why not.
+bool gpu_present(std::string* why) {
 #ifdef GHT_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
+  return ght::detail::cuda_device_count(why) > 0;
 #else
+  *why = "this build has no CUDA";
   return false;
 #endif
 }
@@ -278,7 +274,8 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
   TrainConfig cfg = cfg_in;
   cfg.validate();
   const dist::Launch launch = dist::detect_launch(dist::process_env());
-  if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present())) {
+  std::string no_gpu;
+  if (cfg.backend == "cuda" || (cfg.backend == "auto" && gpu_present(&no_gpu))) {
     // Several processes need NCCL (GPU data) and MPI or, torchrun-style, the TCP store (its
     // set-up): refused before anything runs.
     dist::check_gpu_launch(launch, dist::have_nccl(), dist::have_mpi());
@@ -289,6 +286,10 @@ TrainSummary train(const TrainConfig& cfg_in, const TrainRunOptions& run) {
 #endif
   }
   TrainSession s(cfg, run, dist::make_communicator(launch));
+  if (cfg.backend == "auto") {
+    s.say("no CUDA device found (" + no_gpu + "): training on the CPU backend; `ght plan --profile gh200|pcie5` "
+          "plans for a GPU machine");
+  }
   const auto backend = make_cpu_backend(s);
   return run_training(*backend, s);
 }

@@ -31,5 +31,25 @@ must_fail "--data on a link loop" -- "$GHT" train --model tiny --data "$TMP/loop
 expect_in "$TMP/err" "--data $TMP/loop_a: symbolic link loop ($TMP/loop_a -> $TMP/loop_b -> $TMP/loop_a)"
 if grep -q "no such shard" "$TMP/err"; then fail "a link loop reported as a missing file"; fi
 
+# ---- training where there is no GPU -----------------------------------------------------------------
+"$GHT" prep --input "$ROOT/data/austen" --out "$TMP/data" --val-fraction 0.05 >/dev/null || fail "ght prep"
+small=(--model tiny -o model.micro_batch=2 -o model.seq_len=32 -o train.eval_every=0 --data "$TMP/data" --steps 1)
+"$GHT" train "${small[@]}" --out "$TMP/run_auto" >"$TMP/out" 2>&1 || fail "ght train: $(cat "$TMP/out")"
+if grep -q "backend cpu" "$TMP/out"; then
+  expect_in "$TMP/out" "no CUDA device found ("
+  expect_in "$TMP/out" "): training on the CPU backend; \`ght plan --profile gh200|pcie5\` plans for a GPU machine"
+  [ "$(grep -c "no CUDA device found" "$TMP/out")" = 1 ] || fail "the no-GPU line is not printed once"
+fi
+"$GHT" train "${small[@]}" --backend cpu --out "$TMP/run_cpu" >"$TMP/out" 2>&1 || fail "ght train --backend cpu: $(cat "$TMP/out")"
+if grep -q "no CUDA device found" "$TMP/out"; then fail "--backend cpu (chosen, not fallen back to) says no CUDA device"; fi
+
+# GHT_HOST_MEMORY=pinned: fine with a GPU, and in a build without CUDA (nothing to register with);
+# a CUDA build without a GPU refuses it, saying what to use instead.
+if ! GHT_HOST_MEMORY=pinned "$GHT" train "${small[@]}" --backend cpu --out "$TMP/run_pinned" >"$TMP/out" 2>"$TMP/err"; then
+  expect_in "$TMP/err" "GHT_HOST_MEMORY=pinned needs a CUDA device (none found: "
+  expect_in "$TMP/err" "); use GHT_HOST_MEMORY=system or auto"
+  if grep -qE '\.(cpp|hpp|cu):[0-9]+' "$TMP/err"; then fail "pinned without a GPU: source location: $(cat "$TMP/err")"; fi
+fi
+
 [ "$failures" -eq 0 ] || { echo "first_use_test: $failures failure(s)" >&2; exit 1; }
 echo "first_use_test: ok"
