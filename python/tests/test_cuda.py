@@ -1,0 +1,101 @@
+"""ghtier.torch on CUDA: the allocator in both import orders, placement of CUDA tensors, AdamW
+with CUDA parameters; and the errors on a machine without CUDA. CUDA cases run in fresh
+processes (PyTorch's allocator can only be swapped before the first CUDA tensor)."""
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import ghtier  # noqa: E402
+import ghtier.torch as gt  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="PyTorch sees no CUDA device")
+needs_cuda_build = pytest.mark.skipif(not ghtier.core().has_cuda,
+                                      reason="ghtier was built without CUDA (no nvcc at install)")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the error on machines without CUDA")
+def test_use_allocator_without_cuda_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="sees no CUDA device.*skip use_allocator"):
+        gt.use_allocator()
+    assert not gt.allocator_in_use()
+
+
+def test_auto_path_runs_on_the_host_without_a_gpu():
+    assert gt.AdamW([torch.nn.Parameter(torch.zeros(3))], path="auto").path == "cpu"
+
+
+PLACEMENT = """
+order = ORDER
+if order == "ghtier-first":
+    import ghtier.torch as gt
+    import torch
+else:
+    import torch
+    import ghtier.torch as gt
+gt.use_allocator()
+assert gt.use_allocator() == gt.use_allocator()  # idempotent
+a = torch.randn(256, 256, device="cuda")
+assert gt.where(a)["tier"] == "hbm", gt.where(a)
+with gt.placement("host"):
+    b = torch.randn(256, 256, device="cuda")
+assert gt.where(b)["tier"] == "host", gt.where(b)
+c = a @ b
+torch.testing.assert_close(c.cpu(), a.cpu() @ b.cpu(), rtol=1e-3, atol=1e-3)
+assert gt.memory_stats()["classes"]["other"]["current"] >= 3 * 256 * 256 * 4
+print("ok", order)
+"""
+
+
+@needs_cuda
+@needs_cuda_build
+@pytest.mark.parametrize("order", ["ghtier-first", "torch-first"])
+def test_allocator_and_placement_on_cuda(python, order):
+    r = python(PLACEMENT.replace("ORDER", repr(order)))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"ok {order}" in r.stdout
+
+
+@needs_cuda
+@needs_cuda_build
+def test_use_allocator_after_cuda_use_explains(python):
+    r = python(textwrap.dedent("""
+        import torch, ghtier.torch as gt
+        x = torch.ones(4, device="cuda")
+        try:
+            gt.use_allocator()
+        except RuntimeError as e:
+            print("error:", e)
+    """))
+    assert "must run before the process's first CUDA tensor" in r.stdout, r.stdout + r.stderr
+
+
+ADAMW_CUDA = """
+import torch, ghtier.torch as gt
+H = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+torch.manual_seed(0)
+init = [torch.randn(257, 65), torch.randn(1000)]
+a = [torch.nn.Parameter(t.cuda()) for t in init]                   # fp32 CUDA parameters
+h = [torch.nn.Parameter(t.cuda().to(torch.bfloat16)) for t in init]  # bf16 CUDA parameters
+b = [torch.nn.Parameter(t.clone()) for t in init]                  # torch on the CPU
+ga, gh, ref = gt.AdamW(a, **H), gt.AdamW(h, **H), torch.optim.AdamW(b, foreach=False, **H)
+for t in range(50):
+    gs = [torch.randn(x.shape) * 0.1 for x in init]
+    for p, q, r, g in zip(a, h, b, gs):
+        p.grad, q.grad, r.grad = g.cuda(), g.cuda().to(torch.bfloat16), g.clone()
+    ga.step(); gh.step(); ref.step()
+for p, q, r in zip(a, h, b):
+    torch.testing.assert_close(p.detach().cpu(), r.detach(), rtol=1e-5, atol=1e-6)
+    assert ga.state[p]["exp_avg"].device.type == "cpu"
+    assert gt.where(ga.state[p]["exp_avg"])["tier"] == "host"
+    assert torch.equal(q.detach().cpu(), gh.state[q]["master"].to(torch.bfloat16))
+print("ok adamw", gt.memory_stats()["classes"]["adam_v"]["current"])
+"""
+
+
+@needs_cuda
+def test_adamw_with_cuda_parameters(python):
+    r = python(ADAMW_CUDA)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok adamw" in r.stdout
