@@ -6,7 +6,7 @@
 #
 # Idempotent: a warm venv installs nothing from PyPI (PyTorch, pytest, scikit-build-core and
 # nanobind are installed only when missing) and the package rebuilds incrementally in
-# build-python/ (git-ignored; ccache when present). Every step is bounded by `timeout`.
+# build-python/<venv> (git-ignored; ccache when present). Every step is bounded by `timeout`.
 # Environment: GHT_PY_VENV (default .venv-py), PYTHON (the interpreter that creates the venv,
 # default python3), GHT_PY_PIP_ARGS (extra `pip install .` arguments, e.g.
 # "-C cmake.define.GHT_ENABLE_CUDA=OFF"), GHT_PY_TORCH_TIMEOUT (seconds for PyTorch's install,
@@ -36,13 +36,13 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
   timeout "${GHT_PY_TORCH_TIMEOUT:-1800}" nice -n 5 "$py" -m pip install -q torch
 fi
 
-args=(--no-build-isolation -C build-dir=build-python)
+args=(--no-build-isolation -C "build-dir=build-python/$(basename "$venv")")
 if command -v ccache >/dev/null; then
   args+=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is intended
 extra=(${GHT_PY_PIP_ARGS:-})
-say "pip install . (build-python/)"
+say "pip install . (build-python/$(basename "$venv"))"
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   timeout 1800 nice -n 5 "$py" -m pip install -q "${args[@]}" "${extra[@]}" .
 
