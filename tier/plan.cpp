@@ -15,9 +15,13 @@
 #include "tier/config.hpp"
 #include "tier/cost_model.hpp"
 #include "tier/place_rules.hpp"
+#include "tier/plan_detail.hpp"
 #include "tier/topology.hpp"
 
 namespace ght::tier {
+
+using detail::gib;
+using detail::is_state;
 
 namespace {
 
@@ -35,66 +39,6 @@ std::optional<E> parse_in(const std::array<std::string_view, N>& names, std::str
     if (names[i] == l) return static_cast<E>(i);
   }
   return std::nullopt;
-}
-
-std::string num(double v, int precision = 3) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", precision, v);
-  return buf;
-}
-
-std::string gib(std::uint64_t b) { return config::format_bytes(b); }
-
-std::string gb(double bytes) {
-  if (!std::isfinite(bytes)) return "inf";
-  return num(bytes / 1e9, 1) + " GB";
-}
-
-std::string secs(double s) {
-  if (!std::isfinite(s)) return "inf";
-  if (s != 0 && s < 0.01) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
-    return buf;
-  }
-  return num(s, 3) + " s";
-}
-
-bool is_state(TensorClass c) {
-  return c == TensorClass::master || c == TensorClass::adam_m || c == TensorClass::adam_v;
-}
-
-// Parameters whose fp32 master lives on the host, by where their gradient is: the gradient
-// region of the same group, layer and expert (the trainer's regions come in such sets); a master
-// without one counts as having its gradient in HBM.
-UpdateSplitInput host_state_params(const std::vector<Region>& regions,
-                                   const std::vector<Decision>& decisions) {
-  UpdateSplitInput in;
-  double state_bytes = 0;  // master, m and v bytes of the host-state parameters
-  for (std::size_t i = 0; i < regions.size(); ++i) {
-    const Region& r = regions[i];
-    if (is_state(r.cls) && decisions[i].tier == TierKind::host) {
-      state_bytes += static_cast<double>(r.host_bytes.value_or(r.bytes));
-    }
-  }
-  for (std::size_t i = 0; i < regions.size(); ++i) {
-    const Region& m = regions[i];
-    if (m.cls != TensorClass::master || decisions[i].tier != TierKind::host) continue;
-    const std::uint64_t params = m.host_bytes.value_or(m.bytes) / kMasterBytesPerParam;
-    bool grad_on_host = false;
-    for (std::size_t j = 0; j < regions.size(); ++j) {
-      const Region& g = regions[j];
-      if (g.cls == TensorClass::grad && g.group_name() == m.group_name() && g.layer == m.layer &&
-          g.expert == m.expert) {
-        grad_on_host = decisions[j].tier == TierKind::host;
-      }
-    }
-    (grad_on_host ? in.params_grad_host : in.params_grad_hbm) += params;
-  }
-  // The regions' own bytes: 12 per parameter, 8 with bf16 m and v, 6.03 with q8 (GHT_OPT_STATE).
-  const auto n = static_cast<double>(in.params_grad_host + in.params_grad_hbm);
-  if (n > 0) in.state_bytes_per_param = state_bytes / n;
-  return in;
 }
 
 // Placements that switch on a fixed cost, counted over a whole placement (plus the delayed update's
@@ -433,6 +377,16 @@ constexpr std::array<std::string_view, kScores> kLeftOutWhy = {
 // Scores are clamped so that differences never meet inf - inf.
 double clamp_score(double s) { return std::min(s, 1e30); }
 
+/// The index of `c`'s placement with the most HBM bytes, starting the search at `from` (the first
+/// of equals wins).
+int most_hbm(const Candidates& c, int from) {
+  int top = from;
+  for (int j = 0; j < static_cast<int>(c.opts.size()); ++j) {
+    if (c.hbm[j] > c.hbm[top]) top = j;
+  }
+  return top;
+}
+
 /// Moves along the lower convex hull of (HBM bytes, score) from the start placement into
 /// `out`; then, when HBM would be slower for the rest of the way, one move to the region's
 /// largest HBM placement into `forced` (negative gain: only taken when the host is too small).
@@ -456,10 +410,7 @@ void hull_moves(const Candidates& c, std::size_t region, int v, std::vector<Move
     out.push_back({region, cur, best, -best_slope});
     cur = best;
   }
-  int top = cur;
-  for (int j = 0; j < static_cast<int>(c.opts.size()); ++j) {
-    if (c.hbm[j] > c.hbm[top]) top = j;
-  }
+  const int top = most_hbm(c, cur);
   if (top != cur) {
     const double slope = (c.score[top][v] - c.score[cur][v]) / static_cast<double>(c.hbm[top] - c.hbm[cur]);
     forced.push_back({region, cur, top, -slope});
@@ -492,144 +443,189 @@ std::string infeasible_message(TierKind t, std::uint64_t needed, const Budgets& 
          " to at least " + gib(needed) + extra;
 }
 
-}  // namespace
+/// What every step of make_plan reads: the regions, the options, the GHT_PLACE rules and which
+/// one matches each region (-1: none), the cost model and the policy.
+struct PlanInputs {
+  const std::vector<Region>& regions;
+  const PlanOptions& options;
+  const std::vector<PlaceRule>& rules;
+  const std::vector<int>& match;
+  const CostModel& cm;
+  bool no_gpu;
+  bool is_static;
 
-Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Measurements* measured) {
-  validate_regions(regions);
-  std::vector<std::string> notes;
-  if (options.policy == Policy::auto_replan) {
-    if (measured != nullptr) {
-      regions = apply_measurements(std::move(regions), *measured);
-      notes.push_back("auto: re-planned on measured counts (" +
-                      std::to_string(measured->expert_tokens.size()) + " expert token counts, " +
-                      std::to_string(measured->link_bytes.size()) + " regions' link bytes)");
-    } else {
-      notes.push_back("auto: no measurements yet; planned as greedy until a warm-up step supplies them");
+  const PlaceRule* rule(std::size_t i) const { return match[i] >= 0 ? &rules[match[i]] : nullptr; }
+};
+
+/// Policy auto: the regions re-counted from `measured` when there are measurements; a note either way.
+void apply_auto_policy(std::vector<Region>& regions, const PlanOptions& options,
+                       const Measurements* measured, std::vector<std::string>& notes) {
+  if (options.policy != Policy::auto_replan) return;
+  if (measured != nullptr) {
+    regions = apply_measurements(std::move(regions), *measured);
+    notes.push_back("auto: re-planned on measured counts (" +
+                    std::to_string(measured->expert_tokens.size()) + " expert token counts, " +
+                    std::to_string(measured->link_bytes.size()) + " regions' link bytes)");
+  } else {
+    notes.push_back("auto: no measurements yet; planned as greedy until a warm-up step supplies them");
+  }
+}
+
+/// The placements region `i` may take under the link, its rule and the policy; `fixed_reason`
+/// says why when the policy alone leaves it one.
+std::vector<Placement> allowed_placements(const PlanInputs& in, std::size_t i, std::string& fixed_reason) {
+  const Region& r = in.regions[i];
+  const PlaceRule* rule = in.rule(i);
+  if (in.no_gpu) {
+    if (rule != nullptr && rule->target != RuleTarget::host && rule->target != RuleTarget::stream) {
+      throw config_error(rule->describe() + ": region '" + r.name +
+                         "' cannot go to HBM: there is no GPU (link none)");
+    }
+    // The CPU computes on host memory the way the GPU would on HBM: same modes, no link.
+    fixed_reason = "no GPU (link none): every region lives in host memory";
+    return {{TierKind::host, default_mode(r, TierKind::hbm)}};
+  }
+  if (rule != nullptr) {
+    std::vector<Placement> opts = placements_allowed_by(*rule, r);
+    if (in.is_static) opts = {opts.back()};  // static: the rule's tier, HBM-heaviest mode
+    return opts;
+  }
+  if (in.is_static) {
+    fixed_reason = r.hbm_allowed ? "static: no GHT_PLACE rule matches it; HBM by default"
+                                 : "static: no GHT_PLACE rule matches it; host (HBM not allowed)";
+    return {placements(r).back()};  // HBM by default, host only when HBM is not allowed
+  }
+  return placements(r);
+}
+
+/// A placement whose traffic needs a bandwidth the link lacks is unusable when another exists:
+/// drops those from `c` (all infinite: keeps the first).
+void drop_unusable(Candidates& c, const CostModel& cm, const PlaceRule* rule, std::string& fixed_reason) {
+  if (c.opts.size() <= 1) return;
+  std::vector<std::size_t> keep;
+  for (std::size_t j = 0; j < c.opts.size(); ++j) {
+    if (std::isfinite(cm.total_seconds(c.loads[j]))) keep.push_back(j);
+  }
+  // All infinite: moving between them would subtract inf from inf; keep the first.
+  if (keep.empty()) keep.push_back(0);
+  if (keep.size() == c.opts.size()) return;
+  Candidates k;
+  for (std::size_t j : keep) {
+    k.opts.push_back(c.opts[j]);
+    k.loads.push_back(c.loads[j]);
+    k.hbm.push_back(c.hbm[j]);
+    k.host.push_back(c.host[j]);
+    k.score.push_back(c.score[j]);
+  }
+  c = std::move(k);
+  if (c.opts.size() == 1 && rule == nullptr) {
+    fixed_reason = "only " + std::string(to_string(c.opts[0].tier)) +
+                   " is usable: the link profile has no bandwidth for its other placements";
+  }
+}
+
+/// Region `i`'s usable placements with their loads, bytes and scores; the start is the smallest
+/// HBM footprint (the fastest of equals).
+Candidates region_candidates(const PlanInputs& in, std::size_t i, std::string& fixed_reason) {
+  const Region& r = in.regions[i];
+  Candidates c;
+  c.opts = allowed_placements(in, i, fixed_reason);
+  for (const Placement& p : c.opts) {
+    Load l = in.cm.load(r, p);
+    const double total = in.cm.total_seconds(l);
+    c.loads.push_back(std::move(l));
+    c.hbm.push_back(placed_hbm_bytes(r, p, in.options));
+    c.host.push_back(host_bytes(r, p));
+    c.score.push_back({clamp_score(total), clamp_score(in.cm.serial_seconds(c.loads.back())) + 1e-3 * clamp_score(total),
+                       clamp_score(in.cm.unhidable_seconds(c.loads.back())) + 1e-3 * clamp_score(total)});
+  }
+  drop_unusable(c, in.cm, in.rule(i), fixed_reason);
+  for (int j = 1; j < static_cast<int>(c.opts.size()); ++j) {
+    if (c.hbm[j] < c.hbm[c.start] ||
+        (c.hbm[j] == c.hbm[c.start] && c.score[j][0] < c.score[c.start][0])) {
+      c.start = j;
     }
   }
-  const std::vector<PlaceRule> rules = parse_place_rules(options.place);
-  const std::vector<int> match =
-      rules.empty() ? std::vector<int>(regions.size(), -1) : match_place_rules(rules, regions);
-  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions);
-  const bool no_gpu = options.link.kind == LinkKind::none;
-  const bool is_static = options.policy == Policy::static_rules;
+  return c;
+}
 
-  // ---- candidates per region
-  std::vector<Candidates> cands(regions.size());
-  std::vector<std::string> fixed_reason(regions.size());
-  for (std::size_t i = 0; i < regions.size(); ++i) {
-    const Region& r = regions[i];
-    Candidates& c = cands[i];
-    const PlaceRule* rule = match[i] >= 0 ? &rules[match[i]] : nullptr;
-    if (no_gpu) {
-      if (rule != nullptr && rule->target != RuleTarget::host && rule->target != RuleTarget::stream) {
-        throw config_error(rule->describe() + ": region '" + r.name +
-                           "' cannot go to HBM: there is no GPU (link none)");
-      }
-      // The CPU computes on host memory the way the GPU would on HBM: same modes, no link.
-      c.opts = {{TierKind::host, default_mode(r, TierKind::hbm)}};
-      fixed_reason[i] = "no GPU (link none): every region lives in host memory";
-    } else if (rule != nullptr) {
-      c.opts = placements_allowed_by(*rule, r);
-      if (is_static) c.opts = {c.opts.back()};  // static: the rule's tier, HBM-heaviest mode
-    } else if (is_static) {
-      const std::vector<Placement> all = placements(r);
-      c.opts = {all.back()};  // HBM by default, host only when HBM is not allowed
-      fixed_reason[i] = r.hbm_allowed ? "static: no GHT_PLACE rule matches it; HBM by default"
-                                      : "static: no GHT_PLACE rule matches it; host (HBM not allowed)";
-    } else {
-      c.opts = placements(r);
-    }
-    for (const Placement& p : c.opts) {
-      Load l = cm.load(r, p);
-      const double total = cm.total_seconds(l);
-      c.loads.push_back(std::move(l));
-      c.hbm.push_back(placed_hbm_bytes(r, p, options));
-      c.host.push_back(host_bytes(r, p));
-      c.score.push_back({clamp_score(total), clamp_score(cm.serial_seconds(c.loads.back())) + 1e-3 * clamp_score(total),
-                         clamp_score(cm.unhidable_seconds(c.loads.back())) + 1e-3 * clamp_score(total)});
-    }
-    // A placement whose traffic needs a bandwidth the link lacks is unusable when another exists.
-    if (c.opts.size() > 1) {
-      std::vector<std::size_t> keep;
-      for (std::size_t j = 0; j < c.opts.size(); ++j) {
-        if (std::isfinite(cm.total_seconds(c.loads[j]))) keep.push_back(j);
-      }
-      // All infinite: moving between them would subtract inf from inf; keep the first.
-      if (keep.empty()) keep.push_back(0);
-      if (keep.size() < c.opts.size()) {
-        Candidates k;
-        for (std::size_t j : keep) {
-          k.opts.push_back(c.opts[j]);
-          k.loads.push_back(c.loads[j]);
-          k.hbm.push_back(c.hbm[j]);
-          k.host.push_back(c.host[j]);
-          k.score.push_back(c.score[j]);
-        }
-        c = std::move(k);
-        if (c.opts.size() == 1 && rule == nullptr) {
-          fixed_reason[i] = "only " + std::string(to_string(c.opts[0].tier)) +
-                            " is usable: the link profile has no bandwidth for its other placements";
-        }
-      }
-    }
-    for (int j = 1; j < static_cast<int>(c.opts.size()); ++j) {
-      if (c.hbm[j] < c.hbm[c.start] ||
-          (c.hbm[j] == c.hbm[c.start] && c.score[j][0] < c.score[c.start][0])) {
-        c.start = j;
-      }
-    }
-  }
-
-  // ---- start totals (every region at its smallest HBM footprint)
+/// The totals with every region at its start placement.
+Totals start_totals(const PlanInputs& in, const std::vector<Candidates>& cands) {
   Totals base;
-  base.load = cm.zero();
-  for (std::size_t i = 0; i < regions.size(); ++i) {
+  base.load = in.cm.zero();
+  for (std::size_t i = 0; i < in.regions.size(); ++i) {
     const Candidates& c = cands[i];
     base.load.add(c.loads[c.start]);
     base.hbm += c.hbm[c.start];
     base.host += c.host[c.start];
-    base.fixed.count(regions[i], c.opts[c.start], +1);
+    base.fixed.count(in.regions[i], c.opts[c.start], +1);
   }
-  const Budgets& B = options.budgets;
-  auto eff_hbm = [&](const Totals& t) { return t.hbm + t.fixed.hbm(options); };
-  auto eff_host = [&](const Totals& t) { return t.host + t.fixed.host(options); };
+  return base;
+}
 
-  // ---- candidate orders and their prefixes
-  // A prefix stops at the first move that does not fit, so one large region can strand HBM.
-  // Each score therefore also gets an order with its large moves (over 1/256 of all the bytes
-  // the moves would bring into HBM) deferred to the end. Every order is fixed before the budgets
-  // are looked at, so a larger budget only adds candidates: it can never predict a slower step.
+/// `order` (sorted by gain) with its large moves (over 1/256 of all the bytes the moves bring
+/// into HBM) put at the end, each region's moves kept in sequence; then `forced`.
+std::vector<Move> large_moves_last(const std::vector<Move>& order, const std::vector<Move>& forced,
+                                   const std::vector<Candidates>& cands) {
+  const auto by_gain = [](const Move& a, const Move& b) { return a.gain > b.gain; };
+  const auto bytes = [&](const Move& m) { return cands[m.region].hbm[m.to] - cands[m.region].hbm[m.from]; };
+  std::uint64_t moved_bytes = 0;
+  for (const Move& m : order) moved_bytes += bytes(m);
+  const std::uint64_t large = moved_bytes / 256;
+  std::vector<Move> deferred;
+  std::vector<Move> big;
+  for (const Move& m : order) (bytes(m) > large ? big : deferred).push_back(m);
+  // Keep a region's moves in sequence: once one is deferred, its later moves are too.
+  std::vector<bool> region_deferred(cands.size(), false);
+  for (const Move& m : big) region_deferred[m.region] = true;
+  std::vector<Move> small;
+  for (const Move& m : deferred) {
+    (region_deferred[m.region] ? big : small).push_back(m);
+  }
+  std::stable_sort(big.begin(), big.end(), by_gain);
+  for (Move& m : big) m.deferred = true;
+  deferred = std::move(small);
+  deferred.insert(deferred.end(), big.begin(), big.end());
+  deferred.insert(deferred.end(), forced.begin(), forced.end());
+  return deferred;
+}
+
+/// The candidate orders: per score, its moves by gain, and the same with large moves deferred.
+/// A prefix stops at the first move that does not fit, so one large region can strand HBM: hence
+/// the deferred orders. Every order is fixed before the budgets are looked at, so a larger budget
+/// only adds candidates: it can never predict a slower step.
+std::array<std::vector<Move>, kOrders> candidate_orders(const std::vector<Candidates>& cands) {
   std::array<std::vector<Move>, kOrders> orders;
   for (int v = 0; v < kScores; ++v) {
     std::vector<Move> forced;
-    for (std::size_t i = 0; i < regions.size(); ++i) hull_moves(cands[i], i, v, orders[v], forced);
+    for (std::size_t i = 0; i < cands.size(); ++i) hull_moves(cands[i], i, v, orders[v], forced);
     const auto by_gain = [](const Move& a, const Move& b) { return a.gain > b.gain; };
     std::stable_sort(orders[v].begin(), orders[v].end(), by_gain);
     std::stable_sort(forced.begin(), forced.end(), by_gain);
-    std::uint64_t moved_bytes = 0;
-    for (const Move& m : orders[v]) moved_bytes += cands[m.region].hbm[m.to] - cands[m.region].hbm[m.from];
-    const std::uint64_t large = moved_bytes / 256;
-    std::vector<Move>& deferred = orders[kScores + v];
-    std::vector<Move> big;
-    for (const Move& m : orders[v]) {
-      const bool is_big = cands[m.region].hbm[m.to] - cands[m.region].hbm[m.from] > large;
-      (is_big ? big : deferred).push_back(m);
-    }
-    // Keep a region's moves in sequence: once one is deferred, its later moves are too.
-    std::vector<bool> region_deferred(regions.size(), false);
-    for (const Move& m : big) region_deferred[m.region] = true;
-    std::vector<Move> small;
-    for (const Move& m : deferred) {
-      (region_deferred[m.region] ? big : small).push_back(m);
-    }
-    std::stable_sort(big.begin(), big.end(), by_gain);
-    for (Move& m : big) m.deferred = true;
-    deferred = std::move(small);
-    deferred.insert(deferred.end(), big.begin(), big.end());
-    deferred.insert(deferred.end(), forced.begin(), forced.end());
+    orders[kScores + v] = large_moves_last(orders[v], forced, cands);
     orders[v].insert(orders[v].end(), forced.begin(), forced.end());
   }
+  return orders;
+}
+
+/// `t` after move `m`.
+void apply_move(Totals& t, const Move& m, const std::vector<Candidates>& cands,
+                const std::vector<Region>& regions) {
+  const Candidates& c = cands[m.region];
+  t.load.add(c.loads[m.to]);
+  t.load.add(c.loads[m.from], -1.0);
+  t.hbm += c.hbm[m.to] - c.hbm[m.from];
+  t.host = t.host + c.host[m.to] - c.host[m.from];
+  t.fixed.count(regions[m.region], c.opts[m.from], -1);
+  t.fixed.count(regions[m.region], c.opts[m.to], +1);
+}
+
+/// The fastest prefix of any order within both budgets; infeasible_plan when none fits.
+Best search_orders(const PlanInputs& in, const std::array<std::vector<Move>, kOrders>& orders,
+                   const Totals& base, const std::vector<Candidates>& cands) {
+  const Budgets& B = in.options.budgets;
+  auto eff_hbm = [&](const Totals& t) { return t.hbm + t.fixed.hbm(in.options); };
+  auto eff_host = [&](const Totals& t) { return t.host + t.fixed.host(in.options); };
   Best best;
   std::uint64_t min_hbm = std::numeric_limits<std::uint64_t>::max();
   std::uint64_t min_host_hbm_ok = std::numeric_limits<std::uint64_t>::max();
@@ -642,7 +638,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
       if (h <= B.hbm) {
         min_host_hbm_ok = std::min(min_host_hbm_ok, o);
         if (o <= B.host) {
-          const double step = cm.evaluate(t.load).step_seconds;
+          const double step = in.cm.evaluate(t.load).step_seconds;
           // Ties go to the plan with more of the regions' bytes in HBM (not counting the
           // reservations, which a plan with a region left on the host would win on).
           if (!best.found || step < best.step || (step == best.step && t.hbm > best.hbm)) {
@@ -651,14 +647,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
         }
       }
       if (k == mv.size()) break;
-      const Move& m = mv[k];
-      const Candidates& c = cands[m.region];
-      t.load.add(c.loads[m.to]);
-      t.load.add(c.loads[m.from], -1.0);
-      t.hbm += c.hbm[m.to] - c.hbm[m.from];
-      t.host = t.host + c.host[m.to] - c.host[m.from];
-      t.fixed.count(regions[m.region], c.opts[m.from], -1);
-      t.fixed.count(regions[m.region], c.opts[m.to], +1);
+      apply_move(t, mv[k], cands, in.regions);
     }
   }
   if (!best.found) {
@@ -671,228 +660,146 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Me
                            " (a larger HBM budget can also relieve the host)"),
         TierKind::host, min_host_hbm_ok, B.host);
   }
+  return best;
+}
 
-  // ---- replay the chosen prefix
-  std::vector<int> chosen(regions.size());
-  for (std::size_t i = 0; i < regions.size(); ++i) chosen[i] = cands[i].start;
-  const std::vector<Move>& order = orders[best.variant];
-  std::vector<double> last_gain(regions.size(), 0.0);
-  for (std::size_t k = 0; k < best.prefix; ++k) {
-    chosen[order[k].region] = order[k].to;
-    last_gain[order[k].region] = order[k].gain;
+/// The chosen prefix replayed: each region's placement, the gain of its last move taken, and
+/// where its first move stands in the order (order.size(): none).
+struct Replay {
+  std::vector<int> chosen;
+  std::vector<double> last_gain;
+  std::vector<std::size_t> first_move_pos;
+};
+
+Replay replay_prefix(const std::vector<Candidates>& cands, const std::vector<Move>& order, std::size_t prefix) {
+  Replay r;
+  r.chosen.resize(cands.size());
+  for (std::size_t i = 0; i < cands.size(); ++i) r.chosen[i] = cands[i].start;
+  r.last_gain.assign(cands.size(), 0.0);
+  for (std::size_t k = 0; k < prefix; ++k) {
+    r.chosen[order[k].region] = order[k].to;
+    r.last_gain[order[k].region] = order[k].gain;
   }
-  std::vector<std::size_t> first_move_pos(regions.size(), order.size());
-  for (std::size_t k = order.size(); k-- > 0;) first_move_pos[order[k].region] = k;
+  r.first_move_pos.assign(cands.size(), order.size());
+  for (std::size_t k = order.size(); k-- > 0;) r.first_move_pos[order[k].region] = k;
+  return r;
+}
 
-  // ---- decisions and reasons
-  std::vector<Decision> decisions(regions.size());
-  std::vector<Placement> choice(regions.size());
-  std::size_t moved = 0;
-  for (std::size_t i = 0; i < regions.size(); ++i) {
+/// Time the most-HBM usable placement saves against the start, per GiB (0: none).
+double gain_ms_per_gib(const Candidates& c) {
+  const int top = most_hbm(c, c.start);
+  if (top == c.start) return 0.0;
+  const double saved = c.score[c.start][0] - c.score[top][0];
+  return saved > 0 && saved < 1e29
+             ? 1e3 * saved / (static_cast<double>(c.hbm[top] - c.hbm[c.start]) / kGiB)
+             : 0.0;
+}
+
+/// Why the greedy search left region `i` (no rule, more than one placement) where decision `d` puts it.
+std::string greedy_reason(const Decision& d, std::size_t i, bool moved, const Replay& rp,
+                          const std::vector<Move>& order, int variant) {
+  if (moved) {
+    if (rp.last_gain[i] < 0) return "greedy: HBM although it is slower there: the host budget cannot hold it";
+    if (rp.last_gain[i] == 0) return "greedy: HBM; it saves no time, but HBM had room";
+    if (d.mode == Mode::keep) return "greedy: kept; the recompute time it saves is worth its HBM bytes";
+    return "greedy: HBM; the link and host time it saves is worth its HBM bytes";
+  }
+  const std::string where = "greedy: " + std::string(d.mode == Mode::none ? to_string(d.tier) : to_string(d.mode));
+  const std::size_t pos = rp.first_move_pos[i];
+  if (pos < order.size() && order[pos].gain > 0) {
+    return where + "; " +
+           (order[pos].deferred ? std::string("a large region: the chosen order fills HBM with smaller ones first")
+                                : std::string(kLeftOutWhy[variant % kScores]));
+  }
+  return where + "; HBM would not make the step faster";
+}
+
+/// The decision and its reason for each region; `moved` counts the regions moved off their start.
+std::vector<Decision> decide(const PlanInputs& in, const std::vector<Candidates>& cands,
+                             const std::vector<std::string>& fixed_reason, const Replay& rp,
+                             const std::vector<Move>& order, int variant, std::size_t& moved) {
+  std::vector<Decision> decisions(in.regions.size());
+  moved = 0;
+  for (std::size_t i = 0; i < in.regions.size(); ++i) {
     const Candidates& c = cands[i];
-    const int j = chosen[i];
+    const int j = rp.chosen[i];
     Decision& d = decisions[i];
-    choice[i] = c.opts[j];
     d.tier = c.opts[j].tier;
     d.mode = c.opts[j].mode;
-    // Time its most-HBM usable placement saves against its start, per GiB.
-    int top = c.start;
-    for (int q = 0; q < static_cast<int>(c.opts.size()); ++q) {
-      if (c.hbm[q] > c.hbm[top]) top = q;
-    }
-    if (top != c.start) {
-      const double saved = c.score[c.start][0] - c.score[top][0];
-      d.gain_ms_per_gib = saved > 0 && saved < 1e29
-                              ? 1e3 * saved / (static_cast<double>(c.hbm[top] - c.hbm[c.start]) / kGiB)
-                              : 0.0;
-    }
-    if (match[i] >= 0) {
-      d.rule = rules[match[i]].number;
-      d.reason = rules[match[i]].describe();
+    d.gain_ms_per_gib = gain_ms_per_gib(c);
+    if (const PlaceRule* rule = in.rule(i)) {
+      d.rule = rule->number;
+      d.reason = rule->describe();
       if (c.opts.size() > 1) d.reason += "; greedy chose " + std::string(to_string(d.mode));
       if (j != c.start) ++moved;
     } else if (!fixed_reason[i].empty()) {
       d.reason = fixed_reason[i];
     } else if (c.opts.size() == 1) {
-      d.reason = regions[i].host_allowed
+      d.reason = in.regions[i].host_allowed
                      ? "host only: HBM is not allowed for it"
                      : "HBM only: the GPU computes on it in place (host not allowed)";
-    } else if (j != c.start) {
-      ++moved;
-      if (last_gain[i] < 0) {
-        d.reason = "greedy: HBM although it is slower there: the host budget cannot hold it";
-      } else if (last_gain[i] == 0) {
-        d.reason = "greedy: HBM; it saves no time, but HBM had room";
-      } else if (d.mode == Mode::keep) {
-        d.reason = "greedy: kept; the recompute time it saves is worth its HBM bytes";
-      } else {
-        d.reason = "greedy: HBM; the link and host time it saves is worth its HBM bytes";
-      }
-    } else if (first_move_pos[i] < order.size() && order[first_move_pos[i]].gain > 0) {
-      d.reason = "greedy: " +
-                 std::string(d.mode == Mode::none ? to_string(d.tier) : to_string(d.mode)) + "; " +
-                 (order[first_move_pos[i]].deferred
-                      ? std::string("a large region: the chosen order fills HBM with smaller ones first")
-                      : std::string(kLeftOutWhy[best.variant % kScores]));
     } else {
-      d.reason = "greedy: " +
-                 std::string(d.mode == Mode::none ? to_string(d.tier) : to_string(d.mode)) +
-                 "; HBM would not make the step faster";
+      if (j != c.start) ++moved;
+      d.reason = greedy_reason(d, i, j != c.start, rp, order, variant);
     }
   }
-  if (!no_gpu && !is_static) {
-    notes.push_back("greedy: order '" + std::string(kOrderNames[best.variant % kScores]) +
-                    (best.variant >= kScores ? " (large regions last)" : "") + "', " +
-                    std::to_string(best.prefix) + " of " + std::to_string(order.size()) +
-                    " moves into HBM taken (" + std::to_string(moved) + " regions moved)");
-    if (best.prefix < order.size()) {
-      const Move& next = order[best.prefix];
-      const Candidates& c = cands[next.region];
-      notes.push_back("greedy: next move would be '" + regions[next.region].name + "' to " +
-                      std::string(to_string(c.opts[next.to].tier)) + "/" +
-                      std::string(to_string(c.opts[next.to].mode)) + " (+" +
-                      gib(c.hbm[next.to] - c.hbm[next.from]) + " HBM)");
-    }
-  }
-  Prediction p = predict_with(cm, regions, choice, options);
-  if (!no_gpu && !is_static && best.prefix < order.size() && p.hbm_bytes < B.hbm) {
-    notes.push_back("greedy: " + gib(B.hbm - p.hbm_bytes) +
-                    " of the HBM budget left unused: the next move does not fit");
-  }
-  // The replayed plan must satisfy what the search checked (guards the running sums).
-  GHT_EXPECTS(p.hbm_bytes <= B.hbm && p.host_bytes <= B.host,
-              "plan: internal error: chosen placement exceeds a budget");
-  return Plan(options, std::move(regions), std::move(decisions), p, std::move(notes));
+  return decisions;
 }
 
-// ---- the table ----------------------------------------------------------------------------------
+/// The greedy search's notes: the order taken, the next move, the HBM left unused.
+void add_greedy_notes(const PlanInputs& in, const std::vector<Candidates>& cands, const Best& best,
+                      const std::vector<Move>& order, std::size_t moved, const Prediction& p,
+                      std::vector<std::string>& notes) {
+  if (in.no_gpu || in.is_static) return;
+  notes.push_back("greedy: order '" + std::string(kOrderNames[best.variant % kScores]) +
+                  (best.variant >= kScores ? " (large regions last)" : "") + "', " +
+                  std::to_string(best.prefix) + " of " + std::to_string(order.size()) +
+                  " moves into HBM taken (" + std::to_string(moved) + " regions moved)");
+  if (best.prefix >= order.size()) return;
+  const Move& next = order[best.prefix];
+  const Candidates& c = cands[next.region];
+  notes.push_back("greedy: next move would be '" + in.regions[next.region].name + "' to " +
+                  std::string(to_string(c.opts[next.to].tier)) + "/" +
+                  std::string(to_string(c.opts[next.to].mode)) + " (+" +
+                  gib(c.hbm[next.to] - c.hbm[next.from]) + " HBM)");
+  if (p.hbm_bytes < in.options.budgets.hbm) {
+    notes.push_back("greedy: " + gib(in.options.budgets.hbm - p.hbm_bytes) +
+                    " of the HBM budget left unused: the next move does not fit");
+  }
+}
 
-std::string Plan::format_table(bool explain) const {
-  std::ostringstream os;
-  const PlanOptions& o = options_;
-  const Prediction& p = prediction_;
-  os << "plan: " << regions_.size() << " regions, policy " << to_string(o.policy) << ", link "
-     << o.link.name << " (" << to_string(o.link.kind) << ", " << o.link.source << ")\n";
-  if (!o.place.empty()) {
-    if (o.place_origin.empty()) {
-      os << "rules: GHT_PLACE=" << o.place << "\n";
-    } else {
-      os << "rules: " << o.place << " (from " << o.place_origin << ")\n";
-    }
-  }
-  os << "budgets: HBM " << gib(o.budgets.hbm) << "  [" << o.budgets.hbm_origin << "]\n"
-     << "         host " << gib(o.budgets.host) << "  [" << o.budgets.host_origin << "]\n\n";
+}  // namespace
 
-  struct Row {
-    std::size_t group_rank = 0;
-    int cls_rank = 0, tier_rank = 0, mode_rank = 0;
-    std::string group, cls, tier, mode;
-    std::size_t count = 0;
-    std::uint64_t bytes = 0;
-    std::map<std::string, std::size_t> reasons;
-    double gain_lo = std::numeric_limits<double>::infinity(), gain_hi = 0;
-  };
-  std::vector<Row> rows;
-  std::map<std::string, std::size_t> row_of;
-  std::map<std::string, std::size_t> group_rank;  // groups in order of first appearance
-  for (std::size_t i = 0; i < regions_.size(); ++i) {
-    const Region& r = regions_[i];
-    const Decision& d = decisions_[i];
-    const std::string key = std::string(r.group_name()) + "|" + std::string(to_string(r.cls)) + "|" +
-                            std::string(to_string(d.tier)) + "|" + std::string(to_string(d.mode));
-    auto [it, fresh] = row_of.try_emplace(key, rows.size());
-    if (fresh) {
-      Row row;
-      row.group_rank = group_rank.try_emplace(std::string(r.group_name()), group_rank.size()).first->second;
-      row.cls_rank = static_cast<int>(r.cls);
-      row.tier_rank = static_cast<int>(d.tier);
-      row.mode_rank = static_cast<int>(d.mode);
-      row.group = std::string(r.group_name());
-      row.cls = std::string(to_string(r.cls));
-      row.tier = std::string(to_string(d.tier));
-      row.mode = d.mode == Mode::none ? std::string("-") : std::string(to_string(d.mode));
-      rows.push_back(std::move(row));
-    }
-    Row& row = rows[it->second];
-    ++row.count;
-    row.bytes += d.mode == Mode::recompute ? r.recompute_bytes.value_or(r.bytes) : r.bytes_on(d.tier);
-    ++row.reasons[d.reason];
-    if (d.gain_ms_per_gib > 0) {
-      row.gain_lo = std::min(row.gain_lo, d.gain_ms_per_gib);
-      row.gain_hi = std::max(row.gain_hi, d.gain_ms_per_gib);
-    }
-  }
-  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    return std::tie(a.group_rank, a.cls_rank, a.tier_rank, a.mode_rank) <
-           std::tie(b.group_rank, b.cls_rank, b.tier_rank, b.mode_rank);
-  });
-  char line[256];
-  std::snprintf(line, sizeof line, "%-14s %-10s %-5s %-10s %8s %14s\n", "group", "class", "tier",
-                "mode", "regions", "bytes");
-  os << line;
-  for (const Row& row : rows) {
-    std::snprintf(line, sizeof line, "%-14s %-10s %-5s %-10s %8zu %14s\n", row.group.c_str(),
-                  row.cls.c_str(), row.tier.c_str(), row.mode.c_str(), row.count,
-                  gib(row.bytes).c_str());
-    os << line;
-    if (explain) {
-      for (const auto& [reason, n] : row.reasons) {
-        os << "    why: " << reason;
-        if (row.reasons.size() > 1) os << " (" << n << " regions)";
-        os << "\n";
-      }
-      if (row.gain_hi > 0) {
-        os << "         in HBM it saves " << num(row.gain_lo, 3)
-           << (row.gain_hi > row.gain_lo ? "-" + num(row.gain_hi, 3) : std::string())
-           << " ms of link, host-memory or recompute work per step per GiB\n";
-      }
-    }
-  }
-  auto pct = [](std::uint64_t a, std::uint64_t b) {
-    return b == 0 ? std::string("-") : num(100.0 * static_cast<double>(a) / static_cast<double>(b), 1) + "%";
-  };
-  os << "\ntotals: HBM " << gib(p.hbm_bytes) << " of " << gib(o.budgets.hbm) << " ("
-     << pct(p.hbm_bytes, o.budgets.hbm) << ")   host " << gib(p.host_bytes) << " of "
-     << gib(o.budgets.host) << " (" << pct(p.host_bytes, o.budgets.host) << ")\n";
-  os << "modes:  grad " << mode_summary(TensorClass::grad) << "   activation "
-     << mode_summary(TensorClass::activation) << "\n";
-  if (o.stream_staging_bytes > 0 && o.link.kind != LinkKind::none &&
-      mode_summary(TensorClass::grad) != "accumulate" && mode_summary(TensorClass::grad) != "-") {
-    os << "        (gradient stream staging " << gib(o.stream_staging_bytes)
-       << " counted in host memory)\n";
-  }
-  char flops[32];
-  std::snprintf(flops, sizeof flops, "%.3g", o.step_flops);
-  os << "\nper step: compute " << secs(p.compute_seconds) << " (" << flops << " FLOP at "
-     << num(o.assumed_tflops, 0) << " TFLOP/s, GHT_ASSUMED_TFLOPS)\n"
-     << "  link H2D      " << gb(p.h2d_bytes) << "  " << secs(p.h2d_seconds) << "\n"
-     << "  link D2H      " << gb(p.d2h_bytes) << "  " << secs(p.d2h_seconds) << "\n"
-     << "  link both     " << secs(p.link_seconds) << " sharing the link (optimizer alone "
-     << secs(p.optimizer_link_seconds) << ")\n"
-     << "  host memory   " << gb(p.host_traffic_bytes) << "  " << secs(p.host_seconds) << "\n";
-  const UpdateSplitInput state = host_state_params(regions_, decisions_);
-  if (o.link.kind != LinkKind::none && state.params_grad_hbm + state.params_grad_host > 0) {
-    // A prediction only: the optimizer runs one path per region (cost_model.hpp).
-    const UpdateSplit u = predict_update_split(state, o.link);
-    const double n = static_cast<double>(state.params_grad_hbm + state.params_grad_host);
-    os << "  update split  " << num(n / 1e9, 2) << "B host-state params: all over the link "
-       << secs(u.all_link_seconds) << ", all on the host cores " << secs(u.all_cpu_seconds)
-       << ", best " << num(100 * u.cpu_fraction, 1) << "% on the host cores " << secs(u.seconds)
-       << " (limit " << u.limit << ")\n"
-       << "                (prediction; CPU AdamW at host triad / "
-       << num(adamw_bytes_per_param(kHostGradBytes, state.state_bytes_per_param), 0)
-       << " B, host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
-       << "                both paths at once at this share, GHT_OPT_CPU_SHARE forces another)\n";
-  }
-  os << "  recompute     " << secs(p.recompute_seconds) << "\n"
-     << "  window        " << secs(p.window_seconds) << " of compute to hide transfers behind\n"
-     << "  exposed       " << secs(p.exposed_seconds) << "   predicted step " << secs(p.step_seconds)
-     << "\n";
-  if (explain && !notes_.empty()) {
-    os << "\nnotes:\n";
-    for (const auto& n : notes_) os << "  " << n << "\n";
-  }
-  return os.str();
+Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Measurements* measured) {
+  validate_regions(regions);
+  std::vector<std::string> notes;
+  apply_auto_policy(regions, options, measured, notes);
+  const std::vector<PlaceRule> rules = parse_place_rules(options.place);
+  const std::vector<int> match =
+      rules.empty() ? std::vector<int>(regions.size(), -1) : match_place_rules(rules, regions);
+  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions);
+  const PlanInputs in{regions, options, rules, match, cm, options.link.kind == LinkKind::none,
+                      options.policy == Policy::static_rules};
+
+  std::vector<Candidates> cands(regions.size());
+  std::vector<std::string> fixed_reason(regions.size());
+  for (std::size_t i = 0; i < regions.size(); ++i) cands[i] = region_candidates(in, i, fixed_reason[i]);
+
+  const std::array<std::vector<Move>, kOrders> orders = candidate_orders(cands);
+  const Best best = search_orders(in, orders, start_totals(in, cands), cands);
+  const std::vector<Move>& order = orders[best.variant];
+  const Replay rp = replay_prefix(cands, order, best.prefix);
+
+  std::size_t moved = 0;
+  std::vector<Decision> decisions = decide(in, cands, fixed_reason, rp, order, best.variant, moved);
+  std::vector<Placement> choice(regions.size());
+  for (std::size_t i = 0; i < regions.size(); ++i) choice[i] = {decisions[i].tier, decisions[i].mode};
+  const Prediction p = predict_with(cm, regions, choice, options);
+  add_greedy_notes(in, cands, best, order, moved, p, notes);
+  // The replayed plan must satisfy what the search checked (guards the running sums).
+  GHT_EXPECTS(p.hbm_bytes <= options.budgets.hbm && p.host_bytes <= options.budgets.host,
+              "plan: internal error: chosen placement exceeds a budget");
+  return Plan(options, std::move(regions), std::move(decisions), p, std::move(notes));
 }
 
 }  // namespace ght::tier
