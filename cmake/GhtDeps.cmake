@@ -21,6 +21,42 @@ ght_find_c_library(ght_xxhash xxhash.h xxhash)
 
 ght_find_c_library(ght_numa numa.h numa)
 
+# mimalloc (optional): system_host's blocks up to 1 MiB, from an arena of ghtier's own on the host
+# NUMA node (alloc/detail/small_heap.cpp). Needs 2.0.9 (exclusive arenas, heaps bound to one).
+# Without it, and in sanitizer builds (the sanitizers cannot see into the uninstrumented
+# library), small host blocks come from ghtier's slab pool.
+option(GHT_WITH_MIMALLOC "Serve small host blocks from mimalloc when it is found" ON)
+set(GHT_HAVE_MIMALLOC OFF)
+set(_ght_mi_why "not found (Debian: libmimalloc-dev)")
+if(NOT GHT_WITH_MIMALLOC)
+  set(_ght_mi_why "off (GHT_WITH_MIMALLOC=OFF)")
+elseif(GHT_SANITIZE)
+  set(_ght_mi_why "off in a sanitizer build")
+else()
+  find_package(mimalloc 2.0 CONFIG QUIET)
+  if(mimalloc_FOUND AND TARGET mimalloc)
+    get_target_property(_ght_mi_inc mimalloc INTERFACE_INCLUDE_DIRECTORIES)
+    find_file(_ght_mi_header mimalloc.h HINTS ${_ght_mi_inc} NO_CACHE)
+    if(_ght_mi_header)
+      file(STRINGS ${_ght_mi_header} _ght_mi_v REGEX "^#define MI_MALLOC_VERSION ")
+      string(REGEX REPLACE "^#define MI_MALLOC_VERSION +([0-9]+).*" "\\1" GHT_MIMALLOC_VERSION "${_ght_mi_v}")
+    endif()
+    if(GHT_MIMALLOC_VERSION AND GHT_MIMALLOC_VERSION GREATER_EQUAL 209)
+      add_library(ght_mimalloc INTERFACE)
+      target_link_libraries(ght_mimalloc INTERFACE mimalloc)
+      target_compile_definitions(ght_mimalloc INTERFACE GHT_HAVE_MIMALLOC=1)
+      set(GHT_HAVE_MIMALLOC ON)
+    else()
+      set(_ght_mi_why "${GHT_MIMALLOC_VERSION} is older than 209 (2.0.9)")
+    endif()
+  endif()
+endif()
+if(GHT_HAVE_MIMALLOC)
+  message(STATUS "ghtier: mimalloc ON (MI_MALLOC_VERSION ${GHT_MIMALLOC_VERSION}): small host blocks")
+else()
+  message(STATUS "ghtier: mimalloc ${_ght_mi_why}: small host blocks from the slab pool")
+endif()
+
 # MPI (optional): CPU collectives between the processes of an mpirun/srun launch (trainer/dist).
 # Only the C API is used. Without it the build runs one process per job.
 option(GHT_WITH_MPI "Build the MPI communicator when MPI is found" ON)

@@ -13,7 +13,7 @@ set -euo pipefail
 
 pkgs=(
   build-essential cmake ninja-build pkg-config git python3
-  libnuma-dev libhwloc-dev libtbb-dev
+  libnuma-dev libhwloc-dev libtbb-dev libmimalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libtoml11-dev libcli11-dev libxxhash-dev
   libopenmpi-dev openmpi-bin

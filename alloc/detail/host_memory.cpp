@@ -114,6 +114,21 @@ void touch_pages(void* p, std::size_t len, int threads) noexcept {
   });
 }
 
+int bind_preferred(void* p, std::size_t len, int node) noexcept {
+  if (node < 0 || numa_available() < 0 || node > numa_max_node()) return 0;
+  // Preferred rather than strict binding: with MPOL_BIND an exhausted node ends in the OOM
+  // killer at fault time instead of an error; budgets keep usage within the node anyway.
+  constexpr std::size_t kBits = 8 * sizeof(unsigned long);
+  const unsigned long maxnode = static_cast<unsigned long>(numa_max_node()) + 2;
+  try {
+    std::vector<unsigned long> mask((maxnode + kBits - 1) / kBits, 0UL);
+    mask[static_cast<std::size_t>(node) / kBits] |= 1UL << (static_cast<std::size_t>(node) % kBits);
+    return mbind(p, len, MPOL_PREFERRED, mask.data(), maxnode, 0) == 0 ? 0 : errno;
+  } catch (const std::bad_alloc&) {
+    return ENOMEM;
+  }
+}
+
 void* map_host(std::size_t bytes, int node, int touch_threads, bool huge_pages) {
   const std::size_t len = mapped_length(bytes);
   // Huge-page-sized blocks are mapped 2 MiB-aligned (over-map, then trim) so THP can back them:
@@ -140,21 +155,10 @@ void* map_host(std::size_t bytes, int node, int touch_threads, bool huge_pages) 
     p = aligned;
     (void)madvise(p, len, MADV_HUGEPAGE);  // advisory: fails harmlessly where THP is off
   }
-  if (node >= 0 && numa_available() >= 0 && node <= numa_max_node()) {
-    // Preferred rather than strict binding: with MPOL_BIND an exhausted node ends in the OOM
-    // killer at fault time instead of an error; budgets keep usage within the node anyway.
-    const unsigned long maxnode = static_cast<unsigned long>(numa_max_node()) + 2;
-    std::vector<unsigned long> mask((maxnode + 8 * sizeof(unsigned long) - 1) /
-                                        (8 * sizeof(unsigned long)),
-                                    0UL);
-    mask[static_cast<std::size_t>(node) / (8 * sizeof(unsigned long))] |=
-        1UL << (static_cast<std::size_t>(node) % (8 * sizeof(unsigned long)));
-    if (mbind(p, len, MPOL_PREFERRED, mask.data(), maxnode, 0) != 0) {
-      const int err = errno;
-      munmap(p, len);
-      GHT_FAIL("mbind of " + std::to_string(len) + " bytes to NUMA node " + std::to_string(node) +
-               " failed: " + std::strerror(err));
-    }
+  if (const int err = bind_preferred(p, len, node); err != 0) {
+    munmap(p, len);
+    GHT_FAIL("mbind of " + std::to_string(len) + " bytes to NUMA node " + std::to_string(node) +
+             " failed: " + std::strerror(err));
   }
   if (touch_threads > 0) touch_pages(p, len, touch_threads);
   return p;

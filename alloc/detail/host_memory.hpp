@@ -34,6 +34,10 @@ inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 /// transparent huge pages can back the block.
 [[nodiscard]] std::size_t mapped_length(std::size_t bytes) noexcept;
 
+/// Set MPOL_PREFERRED for `node` on [p, p+len) (nothing when node < 0 or NUMA is unusable).
+/// Returns 0, or the errno of the failed mbind.
+[[nodiscard]] int bind_preferred(void* p, std::size_t len, int node) noexcept;
+
 /**
  * @brief mmap anonymous memory of mapped_length(bytes), prefer NUMA node `node` (-1: no policy)
  * and, when `touch_threads` > 0, fault every page in with that many threads.

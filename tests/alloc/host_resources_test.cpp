@@ -103,7 +103,8 @@ TEST(SystemHost, NumaPolicyOnLargeBlocks) {
 }
 
 TEST(SystemHost, SmallBlocksComeFromSlabs) {
-  system_host r(test_node());
+  // The slab pool: what small blocks use without mimalloc (small_heap_test.cpp covers it).
+  system_host r(test_node(), true, {}, /*mimalloc_small_blocks=*/false);
   EXPECT_EQ(r.pool_reserved_bytes(), 0u);
   void* a = r.allocate(100);
   EXPECT_EQ(r.pool_reserved_bytes(), hd::small_block_pool::kSlabBytes);
@@ -252,7 +253,7 @@ TEST(SmallBlockPool, UseAfterFreeIsReportedUnderAsan) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenMP threads from earlier tests exist
   EXPECT_DEATH(
       {
-        ght::alloc::system_host r(-1);
+        ght::alloc::system_host r(-1, true, {}, /*mimalloc_small_blocks=*/false);
         auto* p = static_cast<volatile char*>(r.allocate(64));
         r.deallocate(const_cast<char*>(p), 64);
         p[3] = 1;
