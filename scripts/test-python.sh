@@ -7,14 +7,15 @@
 # Idempotent: a warm venv installs nothing from PyPI (PyTorch, pytest, scikit-build-core and
 # nanobind are installed only when missing) and the package rebuilds incrementally in
 # build-python/<venv> (git-ignored; ccache when present). Every step is bounded by `timeout`.
-# Environment: GHT_PY_VENV (default .venv-py), PYTHON (the interpreter that creates the venv,
-# default python3), GHT_PY_PIP_ARGS (extra `pip install .` arguments, e.g.
-# "-C cmake.define.GHT_ENABLE_CUDA=OFF"), GHT_PY_TORCH_TIMEOUT (seconds for PyTorch's install,
+# Environment (named GHTIER_*, not GHT_*: the allocator rejects GHT_ variables it does not know):
+# GHTIER_PY_VENV (default .venv-py), PYTHON (the interpreter that creates the venv, default
+# python3), GHTIER_PY_PIP_ARGS (extra `pip install .` arguments, e.g.
+# "-C cmake.define.GHT_ENABLE_CUDA=OFF"), GHTIER_PY_TORCH_TIMEOUT (seconds for PyTorch's install,
 # default 1800: PyPI's torch brings the CUDA wheels, a few GB).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-venv=${GHT_PY_VENV:-.venv-py}
+venv=${GHTIER_PY_VENV:-.venv-py}
 py=$venv/bin/python
 say() { printf '[test-python] %s\n' "$*"; }
 
@@ -33,7 +34,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if ! "$py" -c 'import torch' 2>/dev/null; then
   say "installing torch from PyPI (the first time takes minutes)"
-  timeout "${GHT_PY_TORCH_TIMEOUT:-1800}" nice -n 5 "$py" -m pip install -q torch
+  timeout "${GHTIER_PY_TORCH_TIMEOUT:-1800}" nice -n 5 "$py" -m pip install -q torch
 fi
 
 args=(--no-build-isolation -C "build-dir=build-python/$(basename "$venv")")
@@ -41,7 +42,7 @@ if command -v ccache >/dev/null; then
   args+=(-C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache -C cmake.define.CMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is intended
-extra=(${GHT_PY_PIP_ARGS:-})
+extra=(${GHTIER_PY_PIP_ARGS:-})
 say "pip install . (build-python/$(basename "$venv"))"
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   timeout 1800 nice -n 5 "$py" -m pip install -q "${args[@]}" "${extra[@]}" .

@@ -65,7 +65,7 @@ class PlanError(RuntimeError):
 
 
 def _find_ght() -> Optional[str]:
-    env = os.environ.get("GHT_CLI")
+    env = os.environ.get("GHTIER_CLI")
     if env:
         return env
     found = shutil.which("ght")
@@ -83,16 +83,16 @@ def _find_ght() -> Optional[str]:
 def plan(args: Sequence[str] = (), *, timeout: float = 300) -> Any:
     """Run `ght plan --json [args...]` and return its parsed JSON.
 
-    A thin wrapper: the planner is the C++ CLI `ght` (trainer/cli), found through $GHT_CLI,
+    A thin wrapper: the planner is the C++ CLI `ght` (trainer/cli), found through $GHTIER_CLI,
     then PATH, then build/bin/ght of a source checkout. Raises PlanError naming what is missing
-    (build it with `cmake --build build --target ght`, or point GHT_CLI at it) or the CLI's
+    (build it with `cmake --build build --target ght`, or point GHTIER_CLI at it) or the CLI's
     error output."""
     exe = _find_ght()
     if exe is None:
         raise PlanError(
             "ghtier.plan needs the `ght` command-line tool, which the Python package does not "
             "ship: build it (`cmake -S . -B build -G Ninja && cmake --build build --target ght`) "
-            "and put build/bin on PATH, or set GHT_CLI=/path/to/ght")
+            "and put build/bin on PATH, or set GHTIER_CLI=/path/to/ght")
     cmd = [exe, "plan", "--json", *args]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

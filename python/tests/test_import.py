@@ -50,13 +50,13 @@ def test_memory_stats_counts_host_tensors():
 
 
 def test_plan_without_cli_says_how_to_get_it(monkeypatch):
-    monkeypatch.setenv("GHT_CLI", "/nonexistent/ght")
+    monkeypatch.setenv("GHTIER_CLI", "/nonexistent/ght")
     with pytest.raises(ghtier.PlanError, match="could not run"):
         ghtier.plan()
-    monkeypatch.delenv("GHT_CLI")
+    monkeypatch.delenv("GHTIER_CLI")
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(ghtier, "_find_ght", lambda: None)
-    with pytest.raises(ghtier.PlanError, match="GHT_CLI"):
+    with pytest.raises(ghtier.PlanError, match="GHTIER_CLI"):
         ghtier.plan()
 
 
@@ -65,7 +65,7 @@ def test_plan_parses_the_cli_json(tmp_path, monkeypatch):
     fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
                     "print(json.dumps({'argv': sys.argv[1:]}))\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
-    monkeypatch.setenv("GHT_CLI", str(fake))
+    monkeypatch.setenv("GHTIER_CLI", str(fake))
     assert ghtier.plan(["--config", "x.toml"]) == {"argv": ["plan", "--json", "--config", "x.toml"]}
     fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('bad config')\nsys.exit(2)\n")
     with pytest.raises(ghtier.PlanError, match="exited with 2: bad config"):
