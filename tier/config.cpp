@@ -92,7 +92,7 @@ std::string shortest(double v) {
 // ---- the option table --------------------------------------------------------------------------
 
 const std::string_view kTypeNames[] = {"bool", "size", "int", "float", "enum", "string"};
-const std::string_view kSourceNames[] = {"default", "file", "env", "flag"};
+const std::string_view kSourceNames[] = {"default", "plan", "file", "env", "flag"};
 
 std::string describe_type(const OptionSpec& o) {
   switch (o.type) {
@@ -570,6 +570,21 @@ void Registry::load_file(const std::string& path) {
     if (e.source == Source::File) e = Entry{std::string(spec(k).default_text), Source::Default};
   }
   for (const auto& [o, text] : parsed) set(o->key, text, Source::File);
+}
+
+bool Registry::set_planned(std::string_view name, std::string_view value) {
+  const OptionSpec* o = find_option(name);
+  GHT_EXPECTS(o != nullptr, "the plan chose a value for an unknown option " + std::string(name));
+  if (source(o->key) > Source::Plan) return false;
+  set(o->key, value, Source::Plan);
+  return true;
+}
+
+void Registry::force_planned(std::string_view name, std::string_view value) {
+  const OptionSpec* o = find_option(name);
+  GHT_EXPECTS(o != nullptr, "the plan set an unknown option " + std::string(name));
+  validate(*o, value);
+  values_[o->key] = Entry{std::string(value), Source::Plan};
 }
 
 void Registry::set_flag(std::string_view name, std::string_view value) {

@@ -36,7 +36,9 @@ enum class Key {
 };
 
 enum class Type { Bool, Size, Int, Float, Enum, String };
-enum class Source { Default, File, Env, Flag };
+/// Where a value came from, in increasing precedence. `Plan`: chosen by the plan's search
+/// (tier/plan_search.hpp) for an option the user left unset; every user source outranks it.
+enum class Source { Default, Plan, File, Env, Flag };
 
 [[nodiscard]] std::string_view to_string(Type t) noexcept;
 [[nodiscard]] std::string_view to_string(Source s) noexcept;
@@ -95,6 +97,13 @@ class Registry {
   void load(char** envp = nullptr);
   /// Set from a CLI flag (highest precedence). Validates immediately.
   void set_flag(std::string_view name, std::string_view value);
+  /// Set a value the plan's search chose for an option the user left unset (source Plan). A
+  /// value from any user source is kept; returns whether `value` took effect. Validates it.
+  bool set_planned(std::string_view name, std::string_view value);
+  /// Set a value for planning a candidate that changes a user's setting (source Plan), whatever
+  /// the option's source: only for a copy of the registry that is restored afterwards (the
+  /// search lists the plans that would fit without the user's pins). Validates it.
+  void force_planned(std::string_view name, std::string_view value);
   /// Set from a config-file value (used by load(); exposed for tests).
   void load_file(const std::string& path);
 

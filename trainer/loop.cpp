@@ -101,6 +101,9 @@ std::vector<std::size_t> all_tensors(const TrainBackend& be) {
 
 // θ_local (the optimizer's master) -> outer.local(), for the tensors `which`.
 void gather_local(TrainBackend& be, Diloco& d, const std::vector<std::size_t>& which) {
+  // The CUDA backend may still be launching the inner step's update from a thread of its own
+  // (GHT_OPT_LAUNCH_THREAD): the optimizer is not to be touched from here until it is done.
+  be.synchronize();
   for (std::size_t r : which) be.optimizer().save_state(r, d.slice(d.outer.local(), r, be).data(), nullptr, nullptr);
 }
 
@@ -581,6 +584,223 @@ bool stop_everywhere(const TrainSession& s) {
   return any > 0;
 }
 
+
+// DiLoCo's state when it is on (nullptr when off), its checkpoint files added to `lo`, and the
+// lines that tell what it does.
+std::unique_ptr<Diloco> start_diloco(TrainBackend& be, TrainSession& s, LoadOptions& lo) {
+  const TrainConfig& cfg = s.cfg;
+  if (!cfg.diloco.on()) return nullptr;
+  auto dl = std::make_unique<Diloco>(be, s);
+  lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank()), kPendingFile};
+  GHT_EXPECTS(!be.delayed_update(), "GHT_OPT_DELAY=1 with DiLoCo (diloco.inner_steps=" +
+                                        std::to_string(cfg.diloco.inner_steps) +
+                                        "): the delayed update is not built for DiLoCo's inner steps; unset one");
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "DiLoCo: %d worker(s), an outer step every %lld inner steps (and after step %lld), outer lr %g, "
+                "Nesterov momentum %g, %s pseudo-gradients",
+                s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
+                cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
+  s.say(buf);
+  if (cfg.diloco.streaming()) {
+    char line[320];
+    std::snprintf(line, sizeof line,
+                  "streaming DiLoCo: %lld fragments (the model's units dealt out by stride), each synchronised "
+                  "every %lld steps, %lld steps apart; each all-reduce overlaps %lld inner step(s); a synchronised "
+                  "fragment keeps %g of its local weights",
+                  static_cast<long long>(cfg.diloco.fragments), static_cast<long long>(cfg.diloco.inner_steps),
+                  static_cast<long long>(cfg.diloco.inner_steps / cfg.diloco.fragments),
+                  static_cast<long long>(cfg.diloco.overlap_steps), cfg.diloco.mix);
+    s.say(line);
+  }
+  return dl;
+}
+
+// With a one-step-delayed update: its compute-weight files added to `lo`, and what it does told.
+void start_delayed_update(const TrainBackend& be, const TrainSession& s, LoadOptions& lo) {
+  if (!be.delayed_update()) return;
+  for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
+  const long long warm = delay_warmup_steps();
+  const int A = s.cfg.model.grad_accum, stale = delay_stale_micro_batches(A);
+  char what[320];
+  if (stale < A) {
+    std::snprintf(what, sizeof what,
+                  "in its first %d of %d micro-batches (GHT_OPT_DELAY_MICRO), while update k runs; the other %d "
+                  "wait for update k and compute with its weights; from step %lld on",
+                  stale, A, A - stale, warm + 1);
+  } else {
+    std::snprintf(what, sizeof what,
+                  "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), in all %d micro-batches, while "
+                  "update k runs, from step %lld on",
+                  delay_weight_extrapolation(A), A, warm + 1);
+  }
+  s.say(std::string("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights "
+                    "after update k-1 ") +
+        what + (warm > 0 ? " (steps 1-" + std::to_string(warm) + " update exactly: GHT_OPT_DELAY_WARMUP)" : std::string()) +
+        "; evals see the weights of the next step's first micro-batch, checkpoints keep them next to master");
+  if (stale < A && config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) != 0) {
+    s.say("note: GHT_OPT_DELAY_PREDICT applies to the whole-step delay only; with GHT_OPT_DELAY_MICRO=" +
+          std::to_string(stale) + " the weights are master's (unextrapolated)");
+  }
+}
+
+// The run's state from the checkpoint --resume names, or fresh weights when there is none.
+void resume_or_init(TrainBackend& be, TrainSession& s, Diloco* dl, LoadOptions& lo) {
+  // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
+  SliceAssembler za(be.tensors(), optimizer_slices(be));
+  lo.stream_prefix = kZeroShardPrefix;
+  lo.stream = [&za](const std::string& dir, const std::string& file, const StMetadata& meta,
+                    const CheckpointTensorView& t) { za.take(dir, file, meta, t); };
+  if (const auto ck = load_for_resume(s.run.resume, s.cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
+    restore(be, s, *ck, dl, za);
+    s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
+  } else {
+    be.init_weights(s.cfg.seed);  // the same seed on every rank: the same weights
+    if (dl) {
+      gather_local(be, *dl, all_tensors(be));
+      std::copy(dl->outer.local().begin(), dl->outer.local().end(), dl->outer.global().begin());
+    }
+  }
+}
+
+// rank 0 logs for the run; the others stay silent
+MetricsLogOptions metrics_log_options(const TrainSession& s) {
+  MetricsLogOptions lopt;
+  if (s.leader()) lopt.jsonl_path = (fs::path(s.cfg.out) / "log.jsonl").string();
+  lopt.total_steps = s.cfg.steps;
+  lopt.quiet = s.run.quiet || !s.leader();
+  lopt.console_every = s.cfg.log_every;
+  lopt.run_id = s.run_id;
+  return lopt;
+}
+
+// The run's checkpoints: which ranks write them, and the last step saved.
+class RunCheckpoints {
+ public:
+  RunCheckpoints(TrainBackend& be, TrainSession& s, Diloco* dl)
+      : be_(be), s_(s), dl_(dl), enabled_(config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS)),
+        // With DiLoCo or ZeRO-1 every rank writes its shard of each checkpoint; otherwise rank 0
+        // alone writes.
+        per_rank_shards_(dl != nullptr || be.state_shards() != nullptr) {}
+
+  bool enabled() const { return enabled_; }
+
+  void save(std::int64_t step) {
+    if (!enabled_ || (!s_.leader() && !per_rank_shards_)) return;
+    s_.summary.last_checkpoint = save_checkpoint(be_, s_, step, dl_);
+    saved_step_ = step;
+  }
+
+  // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
+  void save_before_rethrow(const char* where) {
+    if (!enabled_ || !s_.leader() || s_.step == s_.summary.first_step || s_.step == saved_step_) return;
+    if (per_rank_shards_ && s_.comm->size() > 1) {
+      log::warn(std::string("the run failed in ") + where + "; no checkpoint of step " + std::to_string(s_.step) +
+                ": a " + (dl_ ? "DiLoCo" : "sharded (ZeRO-1)") +
+                " checkpoint needs every rank's shard, and the other ranks are not saving");
+      return;
+    }
+    try {
+      save(s_.step);
+      log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
+                std::to_string(s_.step) + " first: " + s_.summary.last_checkpoint);
+    } catch (const std::exception& e) {
+      log::error(std::string("could not save a checkpoint after the failure: ") + e.what());
+    }
+  }
+
+ private:
+  TrainBackend& be_;
+  TrainSession& s_;
+  Diloco* dl_;
+  bool enabled_;
+  bool per_rank_shards_;
+  std::int64_t saved_step_ = -1;
+};
+
+// One training step; after a failure that left the state of the step before, the loader is
+// rewound and that step's work saved before the error goes on.
+StepOutcome guarded_step(TrainBackend& be, TrainSession& s, double lr, RunCheckpoints& ckpt) {
+  optimizer::AdamW& opt = be.optimizer();
+  const LoaderState data_before = s.loader->state();
+  const std::int64_t taken_before = opt.step_count(), skipped_before = opt.stats().steps_skipped_nonfinite;
+  try {
+    return be.step(s.step, lr, *s.loader);
+  } catch (const ght::cuda_error&) {
+    throw;  // the device's state is unknown: the last checkpoint is the one to trust
+  } catch (...) {
+    // Only when the update did not run: then the state is that of the step before.
+    if (opt.step_count() == taken_before && opt.stats().steps_skipped_nonfinite == skipped_before &&
+        be.recover_after_failed_step()) {
+      s.loader->restore(data_before);
+      ckpt.save_before_rethrow("a training step");
+    }
+    throw;
+  }
+}
+
+StepRecord step_record(const StepOutcome& o, std::int64_t step, double lr, double tokens_per_step,
+                       double elapsed_s, std::int64_t skipped_steps) {
+  return {.step = step, .loss = o.loss, .aux_loss = o.aux_loss, .grad_norm = o.grad_norm, .lr = lr,
+          .tokens_per_s = o.seconds > 0 ? tokens_per_step / o.seconds : 0, .mfu = o.mfu,
+          .link_gb_h2d = o.link_gb_h2d, .link_gb_d2h = o.link_gb_d2h, .elapsed_s = elapsed_s,
+          .skipped_steps = skipped_steps};
+}
+
+// The eval after a step; after a failure that is not the device's, the step's work is saved first.
+double guarded_eval(TrainBackend& be, TrainSession& s, RunCheckpoints& ckpt) {
+  be.before_extra_work();
+  try {
+    return evaluate(be, s);
+  } catch (const ght::cuda_error&) {
+    throw;
+  } catch (...) {
+    ckpt.save_before_rethrow("an eval");
+    throw;
+  }
+}
+
+// The steps from s.step up to the last one this run takes, with their evals, checkpoints and
+// stop signals.
+void run_steps(TrainBackend& be, TrainSession& s, Diloco* dl, MetricsLogger& log) {
+  const TrainConfig& cfg = s.cfg;
+  TrainSummary& summary = s.summary;
+  RunCheckpoints ckpt(be, s, dl);
+  const auto t_start = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
+  const std::int64_t last = s.run.stop_at ? std::min(*s.run.stop_at, cfg.steps) : cfg.steps;
+  const auto tokens_per_step = static_cast<double>(s.tokens_per_step());
+  optimizer::AdamW& opt = be.optimizer();
+  while (s.step < last) {
+    const double lr = lr_at(cfg.schedule, s.step);
+    const StepOutcome o = guarded_step(be, s, lr, ckpt);
+    ++s.step;
+    const std::optional<nlohmann::ordered_json> outer = dl ? outer_work(be, *dl, cfg, s.step) : std::nullopt;
+
+    log.log_step(step_record(o, s.step, lr, tokens_per_step, elapsed(), opt.stats().steps_skipped_nonfinite));
+    if (outer) log.log_event(*outer);
+    be.after_step(s.step, log);
+    summary.last_loss = o.loss;
+
+    if (((cfg.eval_every > 0 && s.step % cfg.eval_every == 0) || s.step == cfg.steps) && s.val_loader) {
+      summary.eval_loss = guarded_eval(be, s, ckpt);
+      log.log_eval(s.step, *summary.eval_loss, elapsed());
+    }
+    if (stop_everywhere(s)) {
+      const std::string by = stop_requested() ? "signal " + std::to_string(stop_signal()) : "another rank's stop signal";
+      log.print(by + " received: checkpointing at step " + std::to_string(s.step) + " and exiting");
+      ckpt.save(s.step);
+      summary.stopped_by_signal = true;
+      break;
+    }
+    if ((cfg.ckpt_every > 0 && s.step % cfg.ckpt_every == 0) || s.step == last) {
+      be.before_extra_work();
+      ckpt.save(s.step);
+      if (ckpt.enabled() && s.leader()) log.print("checkpoint: " + summary.last_checkpoint);
+    }
+  }
+}
+
 }  // namespace
 
 TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run_in,
@@ -642,183 +862,19 @@ TrainSummary run_training(TrainBackend& be, TrainSession& s) {
   summary.world_size = s.comm->size();
   bool ok = false;
   try {
-    std::unique_ptr<Diloco> dl;
     LoadOptions lo;
-    if (cfg.diloco.on()) {
-      dl = std::make_unique<Diloco>(be, s);
-      lo.tensor_files = {kMomentumFile, shard_file(s.comm->rank()), kPendingFile};
-      GHT_EXPECTS(!be.delayed_update(), "GHT_OPT_DELAY=1 with DiLoCo (diloco.inner_steps=" +
-                                            std::to_string(cfg.diloco.inner_steps) +
-                                            "): the delayed update is not built for DiLoCo's inner steps; unset one");
-      char buf[200];
-      std::snprintf(buf, sizeof buf,
-                    "DiLoCo: %d worker(s), an outer step every %lld inner steps (and after step %lld), outer lr %g, "
-                    "Nesterov momentum %g, %s pseudo-gradients",
-                    s.comm->size(), static_cast<long long>(cfg.diloco.inner_steps), static_cast<long long>(cfg.steps),
-                    cfg.diloco.outer_lr, cfg.diloco.outer_momentum, cfg.diloco.bf16_pseudo_grads ? "bf16" : "fp32");
-      s.say(buf);
-      if (cfg.diloco.streaming()) {
-        char line[320];
-        std::snprintf(line, sizeof line,
-                      "streaming DiLoCo: %lld fragments (the model's units dealt out by stride), each synchronised "
-                      "every %lld steps, %lld steps apart; each all-reduce overlaps %lld inner step(s); a synchronised "
-                      "fragment keeps %g of its local weights",
-                      static_cast<long long>(cfg.diloco.fragments), static_cast<long long>(cfg.diloco.inner_steps),
-                      static_cast<long long>(cfg.diloco.inner_steps / cfg.diloco.fragments),
-                      static_cast<long long>(cfg.diloco.overlap_steps), cfg.diloco.mix);
-        s.say(line);
-      }
-    }
-    if (be.delayed_update()) {
-      for (const char* f : kComputeWeightsFiles) lo.tensor_files.push_back(f);
-      const long long warm = delay_warmup_steps();
-      const int A = cfg.model.grad_accum, stale = delay_stale_micro_batches(A);
-      char what[320];
-      if (stale < A) {
-        std::snprintf(what, sizeof what,
-                      "in its first %d of %d micro-batches (GHT_OPT_DELAY_MICRO), while update k runs; the other %d "
-                      "wait for update k and compute with its weights; from step %lld on",
-                      stale, A, A - stale, warm + 1);
-      } else {
-        std::snprintf(what, sizeof what,
-                      "extrapolated by %g of that update (GHT_OPT_DELAY_PREDICT), in all %d micro-batches, while "
-                      "update k runs, from step %lld on",
-                      delay_weight_extrapolation(A), A, warm + 1);
-      }
-      s.say(std::string("optimizer: one-step-delayed update (GHT_OPT_DELAY=1): step k+1 computes with the weights "
-                        "after update k-1 ") +
-            what + (warm > 0 ? " (steps 1-" + std::to_string(warm) + " update exactly: GHT_OPT_DELAY_WARMUP)" : std::string()) +
-            "; evals see the weights of the next step's first micro-batch, checkpoints keep them next to master");
-      if (stale < A && config::cfg().get_float(config::Key::GHT_OPT_DELAY_PREDICT) != 0) {
-        s.say("note: GHT_OPT_DELAY_PREDICT applies to the whole-step delay only; with GHT_OPT_DELAY_MICRO=" +
-              std::to_string(stale) + " the weights are master's (unextrapolated)");
-      }
-    }
-    // ZeRO-1 shards stream through the assembler: it keeps the slices this rank holds now.
-    SliceAssembler za(be.tensors(), optimizer_slices(be));
-    lo.stream_prefix = kZeroShardPrefix;
-    lo.stream = [&za](const std::string& dir, const std::string& file, const StMetadata& meta,
-                      const CheckpointTensorView& t) { za.take(dir, file, meta, t); };
-    if (const auto ck = load_for_resume(s.run.resume, cfg.out, [&](const std::string& m) { s.say(m); }, lo)) {
-      restore(be, s, *ck, dl.get(), za);
-      s.say("resumed from " + ck->dir + " at step " + std::to_string(s.step));
-    } else {
-      be.init_weights(cfg.seed);  // the same seed on every rank: the same weights
-      if (dl) {
-        gather_local(be, *dl, all_tensors(be));
-        std::copy(dl->outer.local().begin(), dl->outer.local().end(), dl->outer.global().begin());
-      }
-    }
+    const std::unique_ptr<Diloco> dl = start_diloco(be, s, lo);
+    start_delayed_update(be, s, lo);
+    resume_or_init(be, s, dl.get(), lo);
     check_same_step(s);
     summary.first_step = s.step;
 
-    MetricsLogOptions lopt;  // rank 0 logs for the run; the others stay silent
-    if (s.leader()) lopt.jsonl_path = (fs::path(cfg.out) / "log.jsonl").string();
-    lopt.total_steps = cfg.steps;
-    lopt.quiet = s.run.quiet || !s.leader();
-    lopt.console_every = cfg.log_every;
-    lopt.run_id = s.run_id;
-    MetricsLogger log(lopt);
+    MetricsLogger log(metrics_log_options(s));
     log.log_event({{"type", "config"}, {"step", s.step}, {"config", cfg.to_json()}});
     be.on_start(log);
 
     const StopHandlers handlers;
-    const bool save_ckpts = config::cfg().get_bool(config::Key::GHT_SAVE_CHECKPOINTS);
-    std::int64_t saved_step = -1;
-    // With DiLoCo or ZeRO-1 every rank writes its shard of each checkpoint; otherwise rank 0
-    // alone writes.
-    const bool per_rank_shards = dl != nullptr || be.state_shards() != nullptr;
-    auto save_ckpt = [&](std::int64_t step) {
-      if (!save_ckpts || (!s.leader() && !per_rank_shards)) return;
-      summary.last_checkpoint = save_checkpoint(be, s, step, dl.get());
-      saved_step = step;
-    };
-    // After an error: keep the last completed step's work (a fresh run's step 0 is not work).
-    auto save_before_rethrow = [&](const char* where) {
-      if (!save_ckpts || !s.leader() || s.step == summary.first_step || s.step == saved_step) return;
-      if (per_rank_shards && s.comm->size() > 1) {
-        log::warn(std::string("the run failed in ") + where + "; no checkpoint of step " + std::to_string(s.step) +
-                  ": a " + (dl ? "DiLoCo" : "sharded (ZeRO-1)") +
-                  " checkpoint needs every rank's shard, and the other ranks are not saving");
-        return;
-      }
-      try {
-        save_ckpt(s.step);
-        log::warn(std::string("the run failed in ") + where + "; saved a checkpoint of step " +
-                  std::to_string(s.step) + " first: " + summary.last_checkpoint);
-      } catch (const std::exception& e) {
-        log::error(std::string("could not save a checkpoint after the failure: ") + e.what());
-      }
-    };
-
-    const auto t_start = std::chrono::steady_clock::now();
-    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count(); };
-    const std::int64_t last = s.run.stop_at ? std::min(*s.run.stop_at, cfg.steps) : cfg.steps;
-    const auto tokens_per_step = static_cast<double>(s.tokens_per_step());
-    optimizer::AdamW& opt = be.optimizer();
-    while (s.step < last) {
-      const double lr = lr_at(cfg.schedule, s.step);
-      const LoaderState data_before = s.loader->state();
-      const std::int64_t taken_before = opt.step_count(), skipped_before = opt.stats().steps_skipped_nonfinite;
-      StepOutcome o;
-      try {
-        o = be.step(s.step, lr, *s.loader);
-      } catch (const ght::cuda_error&) {
-        throw;  // the device's state is unknown: the last checkpoint is the one to trust
-      } catch (...) {
-        // Only when the update did not run: then the state is that of the step before.
-        if (opt.step_count() == taken_before && opt.stats().steps_skipped_nonfinite == skipped_before &&
-            be.recover_after_failed_step()) {
-          s.loader->restore(data_before);
-          save_before_rethrow("a training step");
-        }
-        throw;
-      }
-      ++s.step;
-      const std::optional<nlohmann::ordered_json> outer = dl ? outer_work(be, *dl, cfg, s.step) : std::nullopt;
-
-      StepRecord rec;
-      rec.step = s.step;
-      rec.loss = o.loss;
-      rec.aux_loss = o.aux_loss;
-      rec.grad_norm = o.grad_norm;
-      rec.lr = lr;
-      rec.tokens_per_s = o.seconds > 0 ? tokens_per_step / o.seconds : 0;
-      rec.mfu = o.mfu;
-      rec.link_gb_h2d = o.link_gb_h2d;
-      rec.link_gb_d2h = o.link_gb_d2h;
-      rec.elapsed_s = elapsed();
-      rec.skipped_steps = opt.stats().steps_skipped_nonfinite;
-      log.log_step(rec);
-      if (outer) log.log_event(*outer);
-      be.after_step(s.step, log);
-      summary.last_loss = o.loss;
-
-      if (((cfg.eval_every > 0 && s.step % cfg.eval_every == 0) || s.step == cfg.steps) && s.val_loader) {
-        be.before_extra_work();
-        try {
-          summary.eval_loss = evaluate(be, s);
-        } catch (const ght::cuda_error&) {
-          throw;
-        } catch (...) {
-          save_before_rethrow("an eval");
-          throw;
-        }
-        log.log_eval(s.step, *summary.eval_loss, elapsed());
-      }
-      if (stop_everywhere(s)) {
-        const std::string by = stop_requested() ? "signal " + std::to_string(stop_signal()) : "another rank's stop signal";
-        log.print(by + " received: checkpointing at step " + std::to_string(s.step) + " and exiting");
-        save_ckpt(s.step);
-        summary.stopped_by_signal = true;
-        break;
-      }
-      if ((cfg.ckpt_every > 0 && s.step % cfg.ckpt_every == 0) || s.step == last) {
-        be.before_extra_work();
-        save_ckpt(s.step);
-        if (save_ckpts && s.leader()) log.print("checkpoint: " + summary.last_checkpoint);
-      }
-    }
+    run_steps(be, s, dl.get(), log);
     be.synchronize();
     log.finish();
     ok = true;

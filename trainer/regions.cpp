@@ -47,7 +47,9 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   const double ga = c.grad_accum;
   const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
   const double routed = g.expert >= 0 ? tokens : 0;  // expert accesses need a routed token
-  const double opt_window = 1.0 / ga;
+  // The window the update can hide behind: exact, the last micro-batch's backward and the next
+  // forward (1/grad_accum of the step); delayed, the stale micro-batches of the next step.
+  const double opt_window = delayed_update() ? delay_stale_micro_batches(c.grad_accum) / ga : 1.0 / ga;
   auto base = [&](const char* suffix, ght::TensorClass cls, std::uint64_t bytes) {
     Region r;
     r.name = g.name + "." + suffix;
@@ -216,7 +218,7 @@ std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab) {
   const std::int64_t forced = config::cfg().get_int(config::Key::GHT_LM_HEAD_ROWS);
   if (forced > 0 && tokens > 0) return std::min(forced, tokens);
   // A power-of-two count of chunks: at 16384 tokens and vocab 151,936 three chunks of 5504 rows
-  // measured 97.3 ms and four of 4096 93.1 ms (bench_lm_head, bench/NOTES.md session 12).
+  // measured 97.3 ms and four of 4096 93.1 ms (bench_lm_head, bench/NOTES.md, "LM head").
   return chunk_rows(tokens, vocab, kLmHeadLogitsBudget, true);
 }
 

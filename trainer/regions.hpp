@@ -21,7 +21,8 @@
  *                   GHT_OPT_STATE=bf16, 260 B per 256 params with q8, optimizer::state_bytes). On the host, the gpu_link AdamW
  *                   reads and writes each in place once per step through kernel access. It can
  *                   hide behind the last micro-batch's backward and the next forward: a window of
- *                   1/grad_accum of the step.
+ *                   1/grad_accum of the step (with GHT_OPT_DELAY, the share of the next step's
+ *                   micro-batches that compute one update behind: all of them by default).
  * Per layer `layer<l>.activation` (HBM only): keep = the tensors saved for backward of one
  * micro-batch, recompute = the layer input only plus the layer's forward FLOPs again.
  * `workspace` (HBM only): the buffers every layer shares (backward scratch, the LM-head logits
@@ -73,7 +74,7 @@ inline constexpr int kCudaLossSlots = 64;
 [[nodiscard]] std::size_t cuda_loss_slot_bytes(int layers);
 
 /// The most bytes of bf16 logits the automatic LM-head chunk holds (1.4% of an H200's HBM), and
-/// the chunk it falls back to where HBM is short (the chunk of sessions 1-7).
+/// the chunk it falls back to where HBM is short (256 MiB of logits, the first fixed chunk).
 inline constexpr std::uint64_t kLmHeadLogitsBudget = std::uint64_t{2} << 30;
 inline constexpr std::uint64_t kLmHeadSmallLogits = std::uint64_t{256} << 20;
 
@@ -92,10 +93,10 @@ inline constexpr std::uint64_t kLmHeadSmallLogits = std::uint64_t{256} << 20;
  * 0): GHT_LM_HEAD_ROWS when set (capped at `tokens`), else ce_chunk_rows_within(tokens, vocab,
  * kLmHeadLogitsBudget): the whole micro-batch at bench-h200's shape. Why whole: each chunk's dW
  * GEMM reads and writes the whole (vocab, d) gradient (8 B per element in fp32), which at
- * 832-row chunks costs as long as its math (bench/NOTES.md, session 8). Where the budget needs
+ * 832-row chunks costs as long as its math (bench/NOTES.md, "LM head"). Where the budget needs
  * several chunks, their count is rounded up to a power of two (equal chunks, rows a multiple of
  * 64): 16384 tokens at vocab 151,936 run as 4 x 4096 rows, not 3 x 5504, which cuBLAS tiles
- * worse (bench/NOTES.md, session 12).
+ * worse (bench/NOTES.md, "LM head").
  */
 [[nodiscard]] std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab);
 

@@ -20,6 +20,7 @@
 #include "trainer/cli/command.hpp"
 #include "trainer/model_config.hpp"
 #include "trainer/model_config_toml.hpp"
+#include "trainer/plan_decide.hpp"
 #include "trainer/regions.hpp"
 #include "trainer/train_config.hpp"
 
@@ -29,6 +30,7 @@ struct PlanArgs {
   std::string model, config, profile, hbm, host, policy, place, regions, measurements, from_json, out;
   std::vector<std::string> overrides;
   bool json = false;
+  bool search_json = false;
   bool explain = false;
   int ranks = 1;
 };
@@ -112,6 +114,15 @@ void emit(const ght::tier::Plan& plan, const PlanArgs& a, const std::string& hea
   }
 }
 
+// --profile must name a built-in profile or a file: "h200" would otherwise be read as a path.
+void check_profile(const std::string& p) {
+  if (p.empty() || p == "gh200" || p == "pcie5" || p == "measured" || p == "none") return;
+  if (std::error_code ec; std::filesystem::is_regular_file(p, ec)) return;
+  throw ght::config_error("--profile " + p +
+                          ": neither a built-in profile (gh200: Grace Hopper over NVLink-C2C; pcie5: an H100/H200 "
+                          "over PCIe 5, such as an H200 in an x86 server; measured; none) nor a JSON file");
+}
+
 void run(const PlanArgs& a) {
   using ght::cli::set_config_flag;
   if (!a.from_json.empty()) {
@@ -128,6 +139,7 @@ void run(const PlanArgs& a) {
         "ght plan needs --model PRESET|file.toml, --config run.toml or --regions file.json (or --from-json)");
   }
   // Flags are config values with source "flag": budgets and errors name them as such.
+  check_profile(a.profile);
   if (!a.profile.empty()) set_config_flag("GHT_LINK_PROFILE", a.profile);
   if (!a.hbm.empty()) set_config_flag("GHT_HBM_BUDGET", a.hbm);
   if (!a.host.empty()) set_config_flag("GHT_HOST_BUDGET", a.host);
@@ -177,6 +189,9 @@ void run(const PlanArgs& a) {
     header += "regions: " + a.regions + "\n";
   }
   const ght::tier::LinkNumbers link = ght::tier::resolve_link_numbers();
+  if (link.kind == ght::LinkKind::none && a.profile.empty() && !a.json && !a.search_json) {
+    header += "note: no GPU here (link none), so this plans for the CPU; --profile gh200|pcie5 plans for a GPU machine\n";
+  }
   // A built-in profile plans for that machine: its nominal memory, unless budgets are given.
   const auto nominal = ght::tier::nominal_capacities(reg.get_string(ght::config::Key::GHT_LINK_PROFILE));
   const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
@@ -187,16 +202,33 @@ void run(const PlanArgs& a) {
     emit(ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr), a, header);
     return;
   }
-  // As `ght train` plans: the trainer's fixed HBM costs, and the LM-head chunk from free HBM (a
-  // note of the plan says which).
-  ght::trainer::add_trainer_reservations(options, *trainer_cfg);
-  emit(ght::trainer::plan_model(*trainer_cfg, options, a.ranks, measured ? &*measured : nullptr).plan, a, header);
+  // As `ght train` plans: the search over precision and schedule, each candidate with the
+  // trainer's fixed HBM costs and the LM-head chunk from free HBM (a note of the plan says which).
+  const ght::trainer::PlanScope scope{a.ranks, true};
+  const ght::tier::Measurements* m = measured ? &*measured : nullptr;
+  if (a.search_json) {
+    const auto s = ght::trainer::search_model_plans(*trainer_cfg, options, scope, m);
+    std::fputs(ght::tier::search_to_json(s, static_cast<double>(trainer_cfg->tokens_per_step()),
+                                         ght::trainer::plan_peak_flops()).c_str(), stdout);
+    return;
+  }
+  try {
+    const auto d = ght::trainer::decide_plan(*trainer_cfg, options, scope, m);
+    emit(d.model.plan, a, a.json ? header : header + d.table(*trainer_cfg));
+  } catch (const ght::tier::plan_refused&) {
+    const auto s = ght::trainer::search_model_plans(*trainer_cfg, options, scope, m);
+    std::fputs((header + ght::tier::format_search(s, static_cast<double>(trainer_cfg->tokens_per_step()),
+                                                  ght::trainer::plan_peak_flops())).c_str(), stdout);
+    std::fflush(stdout);  // the table before the error that follows on stderr
+    throw;
+  }
 }
+
 
 void setup(CLI::App& app) {
   auto a = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand(
-      "plan", "Plan which tensors live in HBM and which on the host, predict the step, explain why");
+      "plan", "Choose precision, schedule and placement for a model, predict the step, explain why");
   c->add_option("--model", a->model,
                 "Model: a preset (tiny, small, bench-h200, bench-h200-14l, seed-21b), a model TOML file, "
                 "or a run configuration (the files `ght train --config` reads)")
@@ -230,6 +262,14 @@ void setup(CLI::App& app) {
       ->type_name("N")
       ->check(CLI::Range(1, 65536));
   c->add_flag("--json", a->json, "Print the plan as JSON (the format the allocator and trainer read)");
+  c->add_flag("--search-json", a->search_json,
+              "Print the search as JSON: every combination of the searched options, its fit, price and prediction");
+  // A common first guess: say which flag it is rather than "arguments were not expected".
+  c->add_option_function<std::string>(
+       "--preset", [](const std::string& v) -> void {
+         throw ght::config_error("ght plan has no --preset; a preset is given with --model, e.g. --model " + v);
+       })
+      ->group("");
   c->add_flag("--explain", a->explain, "Add one reason line per decision and the planner's notes");
   c->callback([a] { run(*a); });
 }

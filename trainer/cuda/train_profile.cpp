@@ -86,6 +86,13 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
   }
   nlohmann::ordered_json pj = p.json();
   pj["type"] = "profile";
+  pj["predicted"] = {{"forward_ms", 1e3 * predicted_.forward}, {"backward_ms", 1e3 * predicted_.backward},
+                     {"opt_exposed_ms", 1e3 * predicted_.exposed_update}, {"wall_ms", 1e3 * predicted_.step}};
+  // The plan's prediction checked once the first steps (allocation, graph capture) are behind.
+  if (step == first_step_ + 3 || (step == cfg_.steps && step < first_step_ + 3)) {
+    const tier::Phases measured{p.forward_ms / 1e3, p.backward_ms / 1e3, p.opt_exposed_ms / 1e3, p.wall_ms / 1e3};
+    log.print(tier::compare_phases(predicted_, measured));
+  }
   log.log_event(pj);
   if (cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {
     std::string line = "  fwd " + fmt("%.1f", p.forward_ms) + " ms | bwd " + fmt("%.1f", p.backward_ms) +

@@ -47,6 +47,7 @@
 #include "trainer/dist/launch.hpp"
 #include "trainer/file_io.hpp"
 #include "trainer/loop.hpp"
+#include "trainer/plan_decide.hpp"
 #include "trainer/metrics_log.hpp"
 #include "trainer/regions.hpp"
 #include "trainer/zero.hpp"
@@ -293,6 +294,7 @@ class CudaRun final : public TrainBackend {
   TrainConfig cfg_;
   TrainRunOptions run_;
   std::optional<tier::Plan> plan_;
+  tier::Phases predicted_{};  // the plan's phases, checked against the measured ones (after_step)
   bool stream_grads_ = false;
   std::vector<bool> recompute_;
   // Declaration order is destruction order reversed: the optimizer (which reads the gradient

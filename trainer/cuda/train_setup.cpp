@@ -11,10 +11,12 @@ namespace fs = std::filesystem;
 namespace {
 
 // The plan this run follows, made for the allocator's own budgets so that what it predicts is
-// what the allocator enforces: greedy by default (GHT_POLICY), GHT_PLACE rules when set. `ranks`:
-// the data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none). The LM-head chunk is
-// sized with the plan (from free HBM), and the model must run with it.
-ModelPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, int ranks) {
+// what the allocator enforces: the search over precision and schedule (trainer/plan_decide.hpp,
+// which applies its choice to the registry before the model and optimizer read it), each
+// candidate placed greedily by default (GHT_POLICY), GHT_PLACE rules when set. `scope.ranks`: the
+// data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none). The LM-head chunk is sized
+// with the plan (from free HBM), and the model must run with it.
+DecidedPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, const PlanScope& scope) {
   const config::Registry& reg = config::cfg();
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
@@ -24,8 +26,7 @@ ModelPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a,
   auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
   options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
   options.budgets.host = planned(a.report(TierKind::host).budget);
-  add_trainer_reservations(options, mc);
-  return plan_model(mc, options, ranks);
+  return decide_plan(mc, options, scope);
 }
 
 }  // namespace
@@ -74,11 +75,13 @@ void CudaRun::setup() {
 std::int64_t CudaRun::plan_placement() {
   const ModelConfig& mc = cfg_.model;
   alloc_ = alloc::make_default_tiered_allocator();
-  ModelPlan run_plan = make_run_plan(mc, *alloc_, zero1() ? s_.comm->size() : 1);
+  DecidedPlan decided = make_run_plan(mc, *alloc_, PlanScope{zero1() ? s_.comm->size() : 1, !cfg_.diloco.on()});
+  ModelPlan& run_plan = decided.model;
   plan_ = std::move(run_plan.plan);
+  predicted_ = tier::predicted_phases(plan_->prediction());
   const tier::Plan& plan = *plan_;
-  say("plan (" + std::string(tier::to_string(plan.options().policy)) + "; set GHT_POLICY or GHT_PLACE to change it):\n" +
-      plan.format_table(false));
+  say(decided.table(mc) + "plan (" + std::string(tier::to_string(plan.options().policy)) +
+      "; GHT_* options pin the search, GHT_POLICY or GHT_PLACE the placement):\n" + plan.format_table(false));
   // State allocations carry their tensor's name; the plan knows them by group and class.
   alloc_->set_placement([&plan](std::string_view region, TensorClass cls) -> std::optional<TierKind> {
     if (const tier::Decision* d = plan.find(plan_region_of(region, cls))) return d->tier;

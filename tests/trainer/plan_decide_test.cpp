@@ -1,0 +1,225 @@
+// The plan decides (trainer/plan_decide.hpp) on three fixed machines, planned on the CPU:
+//   h200   an H200 over PCIe 5 with the budgets of a 128 GiB host (ght plan --profile pcie5
+//          --hbm 137G --host 112G);
+//   gh200  a GH200: 96 GB HBM and 480 GB LPDDR5X over NVLink-C2C (the gh200 profile's nominal
+//          memory);
+//   pcie24 a 24 GB PCIe GPU in a 64 GiB host.
+// The ledger is a fixed test file (GHT_PLAN_LEDGER), so that the choices follow the rules and not
+// whatever the repository's ledger measured last.
+#include "trainer/plan_decide.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "common/registry.hpp"
+#include "tier/budget.hpp"
+#include "tier/config.hpp"
+#include "tier/link.hpp"
+
+namespace ght::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using ght::test::registry_with;
+
+// q8 and bf16 m/v and bf16 accumulation inside the noise; the delay outside it.
+constexpr const char* kLedger = R"({"format": 1, "verdicts": [
+ {"option": "GHT_OPT_STATE", "value": "q8", "model": "small", "params": 7.6e6, "steps": 2000, "lr": 2e-3,
+  "exact_seeds": 3, "eval_loss_delta": 0.001, "noise_band": 0.006, "extra_tokens": 0.01, "within_noise": true,
+  "measured": "2026-12-05", "source": "test"},
+ {"option": "GHT_OPT_STATE", "value": "bf16", "model": "small", "params": 7.6e6, "steps": 2000, "lr": 2e-3,
+  "exact_seeds": 3, "eval_loss_delta": 0.0, "noise_band": 0.006, "extra_tokens": 0.0, "within_noise": true,
+  "measured": "2026-12-05", "source": "test"},
+ {"option": "GHT_GRAD_ACCUM", "value": "bf16", "model": "small", "params": 7.6e6, "steps": 2000, "lr": 2e-3,
+  "exact_seeds": 3, "eval_loss_delta": 0.002, "noise_band": 0.006, "extra_tokens": 0.02, "within_noise": true,
+  "measured": "2026-12-05", "source": "test"},
+ {"option": "GHT_OPT_DELAY", "value": "on", "model": "small", "params": 7.6e6, "steps": 2000, "lr": 2e-3,
+  "exact_seeds": 3, "eval_loss_delta": 0.15, "noise_band": 0.006, "within_noise": false,
+  "measured": "2026-12-05", "source": "test"}]})";
+
+struct Machine {
+  std::string profile;
+  std::vector<std::string> env;  // budgets
+};
+const Machine kH200{"pcie5", {"GHT_HBM_BUDGET=137G", "GHT_HOST_BUDGET=112G"}};
+const Machine kGh200{"gh200", {}};
+const Machine kPcie24{"pcie5", {"GHT_HBM_BUDGET=22G", "GHT_HOST_BUDGET=58G"}};
+
+class PlanDecide : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = config::cfg();
+    ledger_ = fs::temp_directory_path() / ("ght_plan_decide_ledger_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(ledger_) << kLedger;
+  }
+  void TearDown() override {
+    config::cfg() = saved_;
+    fs::remove(ledger_);
+  }
+  // The process-wide registry as `ght plan` would load it with these variables and the machine's.
+  tier::PlanOptions machine(const Machine& m, const ModelConfig& c, std::vector<std::string> env) {
+    env.insert(env.end(), m.env.begin(), m.env.end());
+    env.push_back("GHT_LINK_PROFILE=" + m.profile);
+    env.push_back("GHT_PLAN_LEDGER=" + ledger_.string());
+    config::cfg() = registry_with(env);
+    const auto caps = tier::nominal_capacities(m.profile);
+    return tier::plan_options_from_config(config::cfg(), tier::builtin_profile(m.profile),
+                                          caps ? *caps : tier::machine_capacities(), model_step_flops(c));
+  }
+  static std::string chosen(const tier::SearchResult& r) {
+    return r.chosen ? r.best().changes(r.dimensions) : std::string("(refused)");
+  }
+
+  config::Registry saved_;
+  fs::path ledger_;
+};
+
+ModelConfig at_tokens(const char* name, std::int64_t tokens) {
+  ModelConfig c = preset(name);
+  c.grad_accum = static_cast<int>(tokens / (static_cast<std::int64_t>(c.seq_len) * c.micro_batch));
+  return c;
+}
+
+TEST_F(PlanDecide, Seed21bOnTheH200FitsWithNoOptionsAndAppliesWhatItChose) {
+  const ModelConfig c = at_tokens("seed-21b", 1 << 20);
+  const tier::PlanOptions o = machine(kH200, c, {});
+  const DecidedPlan d = decide_plan(c, o, PlanScope{});
+  SCOPED_TRACE(d.table(c));
+  const tier::Candidate& best = d.search.best();
+  // fp32 state (230 GiB) cannot fit a 112 GiB host beside HBM's 137: something smaller is chosen.
+  EXPECT_NE(config::cfg().get_string(config::Key::GHT_OPT_STATE), "fp32");
+  EXPECT_EQ(config::cfg().source(config::Key::GHT_OPT_STATE), config::Source::Plan);
+  for (const tier::Price& p : best.inexact) {
+    ASSERT_TRUE(p.verdict.has_value()) << p.option;
+    EXPECT_TRUE(p.verdict->within_noise) << p.option;
+  }
+  EXPECT_FALSE(config::cfg().get_bool(config::Key::GHT_OPT_DELAY));  // outside the noise
+  // What was applied is what was planned, and it fits.
+  const tier::Prediction& p = d.model.plan.prediction();
+  EXPECT_LE(p.hbm_bytes, o.budgets.hbm);
+  EXPECT_LE(p.host_bytes, o.budgets.host);
+  EXPECT_NEAR(p.step_seconds, best.step_seconds(), 1e-9 * best.step_seconds());
+  // Every combination was priced (3 precisions x 2 accumulations x 2 delays), and the six with the
+  // delay, which the tolerance refuses, were not planned: admitted plans fit.
+  EXPECT_EQ(d.search.candidates.size(), 12u);
+  for (const tier::Candidate& cand : d.search.candidates) EXPECT_EQ(cand.planned, cand.admitted);
+  RecordProperty("search_seconds", std::to_string(d.search.search_seconds));
+  std::printf("seed-21b search on this machine: %.2f s for %zu combinations\n", d.search.search_seconds,
+              d.search.candidates.size());
+}
+
+TEST_F(PlanDecide, Seed21bWithFp32StatePinnedIsRefusedAndTheRefusalListsWhatFits) {
+  const ModelConfig c = at_tokens("seed-21b", 1 << 20);
+  const tier::PlanOptions o = machine(kH200, c, {"GHT_OPT_STATE=fp32"});
+  try {
+    (void)decide_plan(c, o, PlanScope{});
+    ADD_FAILURE() << "fp32 state on a 112 GiB host was admitted";
+  } catch (const tier::plan_refused& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no plan within GHT_PLAN_TOLERANCE=noise fits"), std::string::npos) << m;
+    EXPECT_NE(m.find("With other values of the options you set, these fit:"), std::string::npos) << m;
+    EXPECT_NE(m.find("set GHT_OPT_STATE=q8"), std::string::npos) << m;
+  }
+  // Nothing was applied.
+  EXPECT_EQ(config::cfg().source(config::Key::GHT_GRAD_ACCUM), config::Source::Default);
+}
+
+TEST_F(PlanDecide, OnTheGh200Seed21bKeepsFp32StateOnTheHostUnderExact) {
+  const ModelConfig c = at_tokens("seed-21b", 1 << 20);
+  const tier::PlanOptions o = machine(kGh200, c, {"GHT_PLAN_TOLERANCE=exact"});
+  const DecidedPlan d = decide_plan(c, o, PlanScope{});
+  SCOPED_TRACE(d.table(c));
+  EXPECT_EQ(chosen(d.search), "(defaults)");
+  EXPECT_TRUE(d.search.best().inexact.empty());
+  const tier::Plan& p = d.model.plan;
+  for (std::size_t i = 0; i < p.regions().size(); ++i) {
+    if (p.regions()[i].cls == TensorClass::master) {
+      EXPECT_EQ(p.decisions()[i].tier, TierKind::host) << p.regions()[i].name;
+    }
+  }
+}
+
+TEST_F(PlanDecide, OnTheGh200TheDefaultToleranceTakesOnlyPricedChoicesThatPay) {
+  const ModelConfig c = at_tokens("seed-21b", 1 << 20);
+  const tier::PlanOptions o = machine(kGh200, c, {});
+  const tier::SearchResult noise = search_model_plans(c, o, PlanScope{});
+  SCOPED_TRACE(tier::format_search(noise, 1 << 20, plan_peak_flops()));
+  ASSERT_TRUE(noise.chosen.has_value());
+  // The exact plan fits; anything inexact chosen must beat it by more than kPreferExactWithin.
+  double exact = 0;
+  for (const tier::Candidate& cand : noise.candidates) {
+    if (cand.inexact.empty() && cand.plan) exact = cand.step_seconds();
+  }
+  ASSERT_GT(exact, 0);
+  const tier::Candidate& best = noise.best();
+  if (!best.inexact.empty()) {
+    EXPECT_LT(best.step_seconds(), exact * (1 - tier::kPreferExactWithin));
+  }
+  // The chosen plan is the fastest of those the ledger admits, to within kPreferExactWithin.
+  for (const tier::Candidate& cand : noise.candidates) {
+    if (cand.plan && cand.admitted) {
+      EXPECT_LE(best.step_seconds(), cand.step_seconds() * (1 + tier::kPreferExactWithin));
+    }
+  }
+}
+
+TEST_F(PlanDecide, OnA24GBCardBenchH200TakesQ8StateUnderNoiseAndIsRefusedUnderExact) {
+  ModelConfig c = preset("bench-h200");
+  c.layers = 9;  // 5.3B parameters: fp32 state (64 GB) does not fit the host; q8 state does
+  {
+    const tier::PlanOptions o = machine(kPcie24, c, {});
+    const tier::SearchResult r = search_model_plans(c, o, PlanScope{});
+    SCOPED_TRACE(tier::format_search(r, static_cast<double>(c.tokens_per_step()), plan_peak_flops()));
+    ASSERT_TRUE(r.chosen.has_value());
+    EXPECT_NE(chosen(r).find("GHT_OPT_STATE="), std::string::npos) << chosen(r);  // fp32 state does not fit
+  }
+  const tier::PlanOptions o = machine(kPcie24, c, {"GHT_PLAN_TOLERANCE=exact"});
+  const tier::SearchResult r = search_model_plans(c, o, PlanScope{});
+  EXPECT_FALSE(r.chosen.has_value());
+  const std::string m = tier::refusal_message(r, static_cast<double>(c.tokens_per_step()));
+  EXPECT_NE(m.find("GHT_PLAN_TOLERANCE=exact"), std::string::npos) << m;
+  EXPECT_NE(m.find("set GHT_OPT_STATE="), std::string::npos) << m;  // the nearest plans that fit
+}
+
+TEST_F(PlanDecide, AUserSettingIsNeverOverriddenAndADelayOutsideTheNoiseIsTakenOnlyUnderACost) {
+  const ModelConfig c = at_tokens("seed-21b", 1 << 18);
+  {
+    const tier::PlanOptions o = machine(kGh200, c, {"GHT_GRAD_ACCUM=fp32"});
+    const DecidedPlan d = decide_plan(c, o, PlanScope{});
+    EXPECT_EQ(config::cfg().get_string(config::Key::GHT_GRAD_ACCUM), "fp32");
+    EXPECT_EQ(config::cfg().source(config::Key::GHT_GRAD_ACCUM), config::Source::Env);
+    for (const tier::Dimension& dim : d.search.dimensions) {
+      if (dim.option == "GHT_GRAD_ACCUM") {
+        EXPECT_EQ(dim.values.size(), 1u);
+      }
+    }
+  }
+  // bench-h200 on the H200 has the HBM for the delay's second weight and gradient buffers.
+  const ModelConfig b = preset("bench-h200");
+  const tier::PlanOptions o = machine(kH200, b, {"GHT_PLAN_TOLERANCE=0.5"});
+  const tier::SearchResult r = search_model_plans(b, o, PlanScope{});
+  ASSERT_TRUE(r.chosen.has_value());
+  bool delay_admitted = false;
+  for (const tier::Candidate& cand : r.candidates) {
+    for (std::size_t i = 0; i < cand.settings.size(); ++i) {
+      if (cand.settings[i] == std::pair<std::string, std::string>{"GHT_OPT_DELAY", "on"} && cand.plan) {
+        delay_admitted = delay_admitted || cand.admitted;
+      }
+    }
+  }
+  EXPECT_TRUE(delay_admitted);  // 15% < 50%
+  // The CPU backend's scope has no gradient accumulation or delay to choose.
+  const tier::PlanOptions none = machine(Machine{"none", {}}, c, {});
+  const auto dims = plan_dimensions(none, PlanScope{});
+  ASSERT_EQ(dims.size(), 1u);
+  EXPECT_EQ(dims[0].option, "GHT_OPT_STATE");
+}
+
+}  // namespace
+}  // namespace ght::trainer

@@ -1,0 +1,124 @@
+#include "trainer/plan_decide.hpp"
+
+#include <cstdio>
+#include <utility>
+
+#include "tier/config.hpp"
+#include "tier/log.hpp"
+#include "trainer/cuda/op_costs.hpp"  // Roofline (pure C++)
+
+namespace ght::trainer {
+
+namespace {
+
+// The candidate's settings in the registry for as long as it is planned: every function that
+// reads them (model_regions, add_trainer_reservations, the LM-head chunk) then sees exactly what
+// the run would. The registry is restored as it was afterwards. With `honour_pins` a user-set
+// option keeps its value; without, the candidate overrides it (listing what would fit). The plan
+// is made on the starting thread, before any other thread reads the registry.
+class PlannedSettings {
+ public:
+  PlannedSettings(const tier::Settings& s, bool honour_pins) : saved_(config::cfg()) {
+    for (const auto& [option, value] : s) {
+      if (honour_pins) {
+        config::cfg().set_planned(option, value);
+      } else {
+        config::cfg().force_planned(option, value);
+      }
+    }
+  }
+  ~PlannedSettings() { config::cfg() = saved_; }
+  PlannedSettings(const PlannedSettings&) = delete;
+  PlannedSettings& operator=(const PlannedSettings&) = delete;
+
+ private:
+  config::Registry saved_;
+};
+
+ModelPlan plan_settings(const ModelConfig& cfg, const tier::PlanOptions& base, int ranks,
+                        const tier::Measurements* measured) {
+  tier::PlanOptions o = base;
+  add_trainer_reservations(o, cfg);
+  return plan_model(cfg, o, ranks, measured);
+}
+
+tier::SearchResult search(const ModelConfig& cfg, const tier::PlanOptions& base, const PlanScope& scope,
+                          const tier::Measurements* measured, bool honour_pins) {
+  const tier::Tolerance tolerance =
+      tier::parse_tolerance(config::cfg().get_string(config::Key::GHT_PLAN_TOLERANCE));
+  const tier::Ledger ledger = tier::Ledger::from_config();
+  auto plan_one = [&](const tier::Settings& s) {
+    PlannedSettings scoped(s, honour_pins);
+    return plan_settings(cfg, base, scope.ranks, measured).plan;
+  };
+  return tier::search_plans(plan_dimensions(base, scope, honour_pins), plan_one, ledger, tolerance);
+}
+
+// The refusal: the nearest plans within the user's settings, or, where nothing fits with them,
+// the plans that would fit if the user's settings changed.
+std::string refusal(const ModelConfig& cfg, const tier::PlanOptions& base, const PlanScope& scope,
+                    const tier::Measurements* measured, const tier::SearchResult& pinned) {
+  const double tokens = static_cast<double>(cfg.tokens_per_step());
+  std::string m = tier::refusal_message(pinned, tokens);
+  bool any_fits = false;
+  for (const tier::Candidate& c : pinned.candidates) any_fits = any_fits || c.plan.has_value();
+  bool any_pin = false;
+  for (const tier::Dimension& d : pinned.dimensions) any_pin = any_pin || d.pinned.has_value();
+  if (any_fits || !any_pin) return m;
+  const tier::SearchResult open = search(cfg, base, scope, measured, false);
+  std::string fits;
+  int listed = 0;
+  for (const tier::Candidate& c : open.candidates) {
+    if (!c.plan || listed == 3) continue;
+    char b[80];
+    std::snprintf(b, sizeof b, " (predicted %.2f s/step, %.0f tok/s)", c.step_seconds(), tokens / c.step_seconds());
+    fits += "\n  set " + c.changes(open.dimensions) + b + (c.admitted ? "" : "; beyond the tolerance: " + c.refused);
+    ++listed;
+  }
+  if (fits.empty()) return m;
+  return m + "\nWith other values of the options you set, these fit:" + fits;
+}
+
+}  // namespace
+
+double plan_peak_flops() { return Roofline::bf16_dense_datasheet_flops; }
+
+std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, const PlanScope& scope,
+                                             bool honour_pins) {
+  const config::Registry& reg = config::cfg();
+  const bool gpu = options.link.kind != LinkKind::none;
+  std::vector<tier::Dimension> dims;
+  dims.push_back(tier::make_dimension(reg, "GHT_OPT_STATE", "m/v", {{"fp32", true}, {"bf16", false}, {"q8", false}},
+                                      honour_pins));
+  if (gpu) {
+    dims.push_back(
+        tier::make_dimension(reg, "GHT_GRAD_ACCUM", "grad accum", {{"fp32", true}, {"bf16", false}}, honour_pins));
+  }
+  if (gpu && scope.ranks == 1 && scope.allow_delay) {
+    dims.push_back(tier::make_dimension(reg, "GHT_OPT_DELAY", "delay", {{"off", true}, {"on", false}}, honour_pins));
+  }
+  return dims;
+}
+
+tier::SearchResult search_model_plans(const ModelConfig& cfg, const tier::PlanOptions& base, const PlanScope& scope,
+                                      const tier::Measurements* measured) {
+  return search(cfg, base, scope, measured, true);
+}
+
+DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, const PlanScope& scope,
+                        const tier::Measurements* measured) {
+  DecidedPlan d;
+  d.search = search(cfg, base, scope, measured, true);
+  if (!d.search.chosen) throw tier::plan_refused(refusal(cfg, base, scope, measured, d.search));
+  const tier::Candidate& best = d.search.best();
+  for (const auto& [option, value] : best.settings) config::cfg().set_planned(option, value);
+  for (const tier::Price& p : best.inexact) log::info("plan: inexact choice taken: " + p.describe());
+  d.model = plan_settings(cfg, base, scope.ranks, measured);
+  return d;
+}
+
+std::string DecidedPlan::table(const ModelConfig& cfg) const {
+  return tier::format_search(search, static_cast<double>(cfg.tokens_per_step()), plan_peak_flops());
+}
+
+}  // namespace ght::trainer
