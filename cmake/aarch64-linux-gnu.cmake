@@ -10,7 +10,7 @@ set(CMAKE_C_COMPILER aarch64-linux-gnu-gcc)
 set(CMAKE_CXX_COMPILER aarch64-linux-gnu-g++)
 
 # Debian's arm64 libraries sit in /usr/lib/aarch64-linux-gnu (found through
-# CMAKE_LIBRARY_ARCHITECTURE), the cross runtime in /usr/aarch64-linux-gnu. Header-only packages
+# CMAKE_LIBRARY_ARCHITECTURE), the cross compiler's runtime in /usr/aarch64-linux-gnu. Header-only packages
 # (nlohmann-json, toml11, CLI11) are architecture-independent and live under /usr/share, hence
 # "/" among the roots. Programs are the build machine's own.
 set(CMAKE_FIND_ROOT_PATH /usr/aarch64-linux-gnu /)
@@ -39,7 +39,13 @@ set(CMAKE_CXX_FLAGS_INIT "-mcpu=${GHT_AARCH64_MCPU}")
 # ctest runs the test binaries through qemu-user. The SVE vector length is the CPU model's:
 # QEMU_CPU=max,sve128=on (or sve256=on ...) in the environment picks it per run
 # (scripts/test-aarch64.sh runs both); without it qemu's max CPU has 512-bit vectors.
+# The loader and C library come from libc6:arm64 (/lib/ld-linux-aarch64.so.1, pulled in by the
+# lib*-dev:arm64 packages) where it is installed: with -L /usr/aarch64-linux-gnu, qemu would start
+# the cross package's ld.so, which then loads libc6:arm64's libc.so.6 from /lib/aarch64-linux-gnu
+# (a different glibc build): the first pthread_create spins forever in the stack cache.
 find_program(GHT_QEMU_AARCH64 NAMES qemu-aarch64 qemu-aarch64-static)
-if(GHT_QEMU_AARCH64)
+if(GHT_QEMU_AARCH64 AND EXISTS /lib/ld-linux-aarch64.so.1)
+  set(CMAKE_CROSSCOMPILING_EMULATOR ${GHT_QEMU_AARCH64})
+elseif(GHT_QEMU_AARCH64)
   set(CMAKE_CROSSCOMPILING_EMULATOR ${GHT_QEMU_AARCH64} -L /usr/aarch64-linux-gnu)
 endif()

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Grace's CPU side on an x86-64 Debian machine: cross-builds the tier, alloc, optimizer and
+# CPU-trainer tests for aarch64 (Neoverse V2, cmake/aarch64-linux-gnu.cmake) and runs them under
+# qemu-aarch64 at two SVE vector lengths (128 and 256 bits: Grace's is 128, 256 catches code
+# that assumes one length). Installs what is missing (Debian multiarch: arm64 libraries, the
+# cross compiler, qemu-user); as root, or through sudo.
+#
+# Prints "sve<N>: P passed, F failed" per vector length and exits non-zero when a test failed.
+# Exits 0 with "test-aarch64: skipped: <reason>" when ARCH_TEST=0 or when the cross toolchain
+# cannot be installed (no network, no root).
+#
+# Knobs: ARCH_TEST=0 skips; BUILD_DIR (build-aarch64); BUILD_JOBS (nproc); SVE_LENGTHS
+# ("128 256"); TESTS (test binaries, space-separated; default below).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+skip() {
+  echo "test-aarch64: skipped: $*"
+  exit 0
+}
+die() {
+  echo "test-aarch64: error: $*" >&2
+  exit 1
+}
+[[ "${ARCH_TEST:-1}" == 0 ]] && skip "ARCH_TEST=0"
+[[ "$(uname -m)" == x86_64 ]] || skip "runs on x86-64 build machines ($(uname -m) here)"
+command -v dpkg-query >/dev/null || skip "needs Debian's dpkg and apt to install the arm64 toolchain"
+
+BUILD_DIR=${BUILD_DIR:-build-aarch64}
+BUILD_JOBS=${BUILD_JOBS:-$(nproc)}
+SVE_LENGTHS=${SVE_LENGTHS:-"128 256"}
+# Tests whose code paths differ on aarch64 (SIMD loops, atomics, memory ordering, NUMA, page
+# sizes) or that carry the CPU training numerics; parsing-only suites are left to the x86 run.
+TESTS=${TESTS:-"tier_topology_test tier_topology_gh200_test tier_host_triad_test tier_link_test
+  tier_budget_test tier_cost_model_test tier_place_rules_test
+  alloc_contract_test alloc_adaptors_test alloc_tiered_test alloc_host_resources_test
+  alloc_host_cache_test alloc_default_allocator_test alloc_faults_test alloc_c_abi_test
+  optimizer_adamw_test optimizer_adamw_cpu_path_test optimizer_bf16_test
+  optimizer_adamw_bf16_state_test optimizer_adamw_q8_state_test optimizer_accumulate_test
+  optimizer_cpu_threads_test
+  trainer_model_test trainer_loop_test trainer_checkpoint_test trainer_safetensors_test
+  trainer_opt_state_resume_test trainer_delayed_update_test trainer_zero_test trainer_diloco_test
+  trainer_data_test"}
+read -r -d '' -a TEST_LIST <<<"$TESTS"
+# Tests that cannot work under qemu-user: "Suite.Test=reason" (gtest patterns allowed).
+EXCLUDE=(
+)
+
+# ---- toolchain ----------------------------------------------------------------------------
+# libc6, libstdc++6 and libgomp1 of arm64 are what the tests run on (see QEMU_LD_PREFIX below).
+PKGS=(g++-aarch64-linux-gnu qemu-user cmake ninja-build
+      libc6:arm64 libstdc++6:arm64 libgomp1:arm64 libnuma-dev:arm64 libhwloc-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libxxhash-dev:arm64
+      nlohmann-json3-dev libtoml11-dev libcli11-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [[ $(id -u) != 0 ]]; then
+    sudo -n true 2>/dev/null || skip "needs root (or sudo without a password) to install ${missing[*]}"
+    sudo="sudo -n"
+  fi
+  echo "test-aarch64: installing ${missing[*]}"
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    $sudo dpkg --add-architecture arm64 || skip "dpkg --add-architecture arm64 failed"
+  fi
+  $sudo apt-get update -qq || skip "apt-get update failed (no network?); cannot install ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" ||
+    skip "apt-get install failed for ${missing[*]} (no network, or no arm64 packages on the mirror)"
+fi
+QEMU=$(command -v qemu-aarch64 || command -v qemu-aarch64-static) ||
+  skip "no qemu-aarch64 after installing qemu-user"
+[[ -e /lib/ld-linux-aarch64.so.1 ]] || die "no /lib/ld-linux-aarch64.so.1: libc6:arm64 is missing"
+
+# ---- build --------------------------------------------------------------------------------
+start=$SECONDS
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+# Tests are listed at ctest time (PRE_TEST), not by running every binary under qemu while building.
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DGHT_ENABLE_CUDA=OFF -DGHT_BUILD_BENCH=OFF \
+  -DGHT_WITH_MPI=OFF -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${launcher[@]}" >/dev/null ||
+  die "cmake configure of $BUILD_DIR failed"
+cmake --build "$BUILD_DIR" -j "$BUILD_JOBS" --target "${TEST_LIST[@]}" || die "aarch64 build failed"
+build_s=$((SECONDS - start))
+for t in "${TEST_LIST[@]}"; do
+  readelf -h "$BUILD_DIR/bin/$t" 2>/dev/null | grep -q "Machine:.*AArch64" ||
+    die "$BUILD_DIR/bin/$t is not an aarch64 executable"
+done
+
+# ---- run ----------------------------------------------------------------------------------
+# The vector length qemu gives a process, checked by a program that reads it (cntb).
+probe=$BUILD_DIR/sve_vector_bits
+printf '#include <stdio.h>\nint main(void){unsigned long b;__asm__("cntb %%0":"=r"(b));printf("%%lu\\n",b*8);return 0;}\n' |
+  aarch64-linux-gnu-gcc -march=armv8.2-a+sve -x c - -o "$probe" || die "cannot build the SVE probe"
+
+filter=()
+((${#EXCLUDE[@]})) && filter=(--gtest_filter="-$(IFS=:; echo "${EXCLUDE[*]%%=*}")")
+for e in "${EXCLUDE[@]}"; do echo "test-aarch64: excluded ${e%%=*}: ${e#*=}"; done
+status=0
+summary=()
+for vl in $SVE_LENGTHS; do
+  # No QEMU_LD_PREFIX: the arm64 loader and libraries are at their multiarch places
+  # (/lib/ld-linux-aarch64.so.1, /usr/lib/aarch64-linux-gnu). Pointing qemu at the cross
+  # runtime (/usr/aarch64-linux-gnu) mixes two glibc builds and hangs the first new thread.
+  export QEMU_CPU="max,sve${vl}=on"
+  unset QEMU_LD_PREFIX
+  got=$("$QEMU" "$probe") || die "qemu-aarch64 cannot run $probe"
+  [[ "$got" == "$vl" ]] || die "QEMU_CPU=$QEMU_CPU gives $got-bit vectors, not $vl"
+  passed=0 failed=0 skipped=0 run_start=$SECONDS
+  for t in "${TEST_LIST[@]}"; do
+    log=$BUILD_DIR/test-logs/sve$vl/$t.log
+    mkdir -p "$(dirname "$log")"
+    "$QEMU" "$BUILD_DIR/bin/$t" "${filter[@]}" >"$log" 2>&1
+    rc=$?
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    k=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$log" | tail -1)
+    p=${p:-0} f=${f:-0} k=${k:-0}
+    # A skip says why on the line after "file:line: Skipped".
+    ((k == 0)) || awk -v p="sve$vl $t: skipped" '/^\[ RUN      \] /{name=$4} /: Skipped$/{getline why; print p, name ": " why}' "$log"
+    if ((rc != 0 && f == 0)); then
+      f=1  # ended without gtest's summary: crashed or killed
+      echo "sve$vl $t: exited with $rc before its summary (log: $log)"
+      tail -5 "$log"
+    elif ((f > 0)); then
+      echo "sve$vl $t: $f failed (log: $log)"
+      grep '^\[  FAILED  \] [A-Z]' "$log" | sort -u
+    fi
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + k))
+  done
+  ((failed == 0)) || status=1
+  summary+=("sve$vl: $passed passed, $failed failed, $skipped skipped ($((SECONDS - run_start)) s)")
+done
+echo "test-aarch64: built ${#TEST_LIST[@]} test programs in ${build_s} s"
+printf '%s\n' "${summary[@]}"
+exit $status
