@@ -268,7 +268,7 @@ std::string format_search(const SearchResult& r, double tokens_per_step, double 
     out += line;
     ++shown;
   }
-  if (!r.chosen) return out + refusal_message(r, tokens_per_step) + "\n";
+  if (!r.chosen) return out + "  no plan within the tolerance fits (the error below lists what would)\n";
   const Candidate& b = r.best();
   for (const Price& p : b.inexact) out += "  inexact choice taken: " + p.describe() + "\n";
   return out;

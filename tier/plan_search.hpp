@@ -119,7 +119,7 @@ using PlanCandidate = std::function<Plan(const Settings&)>;
 /// What ght plan and ght train print: the chosen plan and up to `alternatives` next best, one row
 /// each (HBM and host bytes, predicted forward / backward / exposed update, link bytes, step,
 /// tokens/s, MFU against `peak_flops`, what each gives up), then the inexact choices taken with
-/// their prices. A refusal prints the nearest plans that fit instead.
+/// their prices. A refusal says so in one line: refusal_message() lists the nearest plans.
 [[nodiscard]] std::string format_search(const SearchResult& r, double tokens_per_step, double peak_flops,
                                         std::size_t alternatives = 4);
 /// The same as JSON (for tools): {"tolerance", "chosen", "candidates": [...]} with each
