@@ -22,7 +22,8 @@ ght_find_c_library(ght_xxhash xxhash.h xxhash)
 ght_find_c_library(ght_numa numa.h numa)
 
 # mimalloc (optional): system_host's blocks up to 1 MiB, from an arena of ghtier's own on the host
-# NUMA node (alloc/detail/small_heap.cpp). Needs 2.0.9 (exclusive arenas, heaps bound to one).
+# NUMA node (alloc/detail/small_heap.cpp). Needs 2.0.9 (exclusive arenas, heaps bound to one); the
+# library is loaded at run time, and a machine without it uses the slab pool.
 # Without it, and in sanitizer builds (the sanitizers cannot see into the uninstrumented
 # library), small host blocks come from ghtier's slab pool.
 option(GHT_WITH_MIMALLOC "Serve small host blocks from mimalloc when it is found" ON)
@@ -42,9 +43,12 @@ else()
       string(REGEX REPLACE "^#define MI_MALLOC_VERSION +([0-9]+).*" "\\1" GHT_MIMALLOC_VERSION "${_ght_mi_v}")
     endif()
     if(GHT_MIMALLOC_VERSION AND GHT_MIMALLOC_VERSION GREATER_EQUAL 209)
+      # The header only: small_heap.cpp opens the library with dlopen(RTLD_LOCAL), since Debian's
+      # libmimalloc.so also exports malloc/free and, linked, would replace malloc process-wide.
       add_library(ght_mimalloc INTERFACE)
-      target_link_libraries(ght_mimalloc INTERFACE mimalloc)
-      target_compile_definitions(ght_mimalloc INTERFACE GHT_HAVE_MIMALLOC=1)
+      target_include_directories(ght_mimalloc SYSTEM INTERFACE ${_ght_mi_inc})
+      target_compile_definitions(ght_mimalloc INTERFACE GHT_HAVE_MIMALLOC=1
+                                 GHT_MIMALLOC_SONAME="libmimalloc.so.${mimalloc_VERSION_MAJOR}")
       set(GHT_HAVE_MIMALLOC ON)
     else()
       set(_ght_mi_why "${GHT_MIMALLOC_VERSION} is older than 209 (2.0.9)")
@@ -52,7 +56,7 @@ else()
   endif()
 endif()
 if(GHT_HAVE_MIMALLOC)
-  message(STATUS "ghtier: mimalloc ON (MI_MALLOC_VERSION ${GHT_MIMALLOC_VERSION}): small host blocks")
+  message(STATUS "ghtier: mimalloc ON (MI_MALLOC_VERSION ${GHT_MIMALLOC_VERSION}, libmimalloc.so.${mimalloc_VERSION_MAJOR} at run time): small host blocks")
 else()
   message(STATUS "ghtier: mimalloc ${_ght_mi_why}: small host blocks from the slab pool")
 endif()

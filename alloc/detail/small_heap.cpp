@@ -1,5 +1,6 @@
 #include "alloc/detail/small_heap.hpp"
 
+#include <dlfcn.h>
 #include <sys/mman.h>
 
 #include <array>
@@ -24,6 +25,40 @@ namespace {
 constexpr int kSlots = 65;
 // mimalloc's segments (and so its arena blocks) are 32 MiB, aligned to their size.
 constexpr std::size_t kSegmentBytes = std::size_t{32} << 20;
+
+// mimalloc is opened with RTLD_LOCAL rather than linked: Debian's libmimalloc.so.2 also exports
+// malloc and free, and as a direct dependency of an executable it would take over the whole
+// process's malloc (measured: libc's own calls bound to it). Opened locally, only the functions
+// below are used. GHT_MIMALLOC_SONAME is the library's major version, whose ABI these match.
+struct MiApi {
+  decltype(&mi_version) version;
+  decltype(&mi_manage_os_memory_ex) manage_os_memory_ex;
+  decltype(&mi_heap_new_in_arena) heap_new_in_arena;
+  decltype(&mi_heap_malloc_aligned_at) heap_malloc_aligned_at;
+  decltype(&mi_free) free;
+};
+
+// nullptr when the library is missing, lacks a function or is older than 2.0.9.
+const MiApi* mi_api() noexcept {
+  static const MiApi* api = []() -> const MiApi* {
+    void* lib = dlopen(GHT_MIMALLOC_SONAME, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    static MiApi a{};
+    a.version = reinterpret_cast<decltype(a.version)>(dlsym(lib, "mi_version"));
+    a.manage_os_memory_ex =
+        reinterpret_cast<decltype(a.manage_os_memory_ex)>(dlsym(lib, "mi_manage_os_memory_ex"));
+    a.heap_new_in_arena =
+        reinterpret_cast<decltype(a.heap_new_in_arena)>(dlsym(lib, "mi_heap_new_in_arena"));
+    a.heap_malloc_aligned_at =
+        reinterpret_cast<decltype(a.heap_malloc_aligned_at)>(dlsym(lib, "mi_heap_malloc_aligned_at"));
+    a.free = reinterpret_cast<decltype(a.free)>(dlsym(lib, "mi_free"));
+    const bool ok = a.version != nullptr && a.manage_os_memory_ex != nullptr &&
+                    a.heap_new_in_arena != nullptr && a.heap_malloc_aligned_at != nullptr &&
+                    a.free != nullptr && a.version() >= 209;
+    return ok ? &a : nullptr;  // the library stays loaded: harmless, and a.free may be in use
+  }();
+  return api;
+}
 
 std::mutex g_create_mu;
 std::array<std::atomic<small_heap*>, kSlots> g_heaps{};
@@ -54,11 +89,13 @@ char* map_arena(int node) noexcept {
 
 }  // namespace
 
-bool small_heap::available() noexcept { return true; }
+bool small_heap::available() noexcept { return mi_api() != nullptr; }
 
 small_heap* small_heap::for_node(int node) noexcept {
   const int slot = node + 1;
   if (slot < 0 || slot >= kSlots) return nullptr;
+  const MiApi* mi = mi_api();
+  if (mi == nullptr) return nullptr;
   if (small_heap* h = g_heaps[static_cast<std::size_t>(slot)].load(std::memory_order_acquire)) return h;
   std::lock_guard lock(g_create_mu);
   if (small_heap* h = g_heaps[static_cast<std::size_t>(slot)].load(std::memory_order_acquire)) return h;
@@ -69,7 +106,7 @@ small_heap* small_heap::for_node(int node) noexcept {
   mi_arena_id_t id{};
   // Committed (no commit/decommit calls, which would remap and lose the NUMA policy), not large
   // OS pages, zeroed (fresh anonymous memory), exclusive: only heaps made for it allocate there.
-  if (!mi_manage_os_memory_ex(base, kArenaBytes, /*is_committed=*/true, /*is_large=*/false,
+  if (!mi->manage_os_memory_ex(base, kArenaBytes, /*is_committed=*/true, /*is_large=*/false,
                               /*is_zero=*/true, node, /*exclusive=*/true, &id)) {
     munmap(base, kArenaBytes);
     return nullptr;
@@ -85,16 +122,16 @@ small_heap* small_heap::for_node(int node) noexcept {
 void* small_heap::allocate(std::size_t bytes, std::size_t alignment) noexcept {
   mi_heap_t*& heap = t_heaps[static_cast<std::size_t>(slot_)];
   if (heap == nullptr) {
-    heap = mi_heap_new_in_arena(static_cast<mi_arena_id_t>(arena_id_));
+    heap = mi_api()->heap_new_in_arena(static_cast<mi_arena_id_t>(arena_id_));
     if (heap == nullptr) return nullptr;
   }
   // nullptr when the arena has no free segment left: the caller falls back to its own path.
   // The _at form: 2.0.9's mi_heap_malloc_aligned assumes power-of-two blocks of 256 B to 1 KiB
   // are aligned to their size, which the first page of a segment breaks (128-aligned blocks seen).
-  return mi_heap_malloc_aligned_at(heap, bytes, alignment, 0);
+  return mi_api()->heap_malloc_aligned_at(heap, bytes, alignment, 0);
 }
 
-void small_heap::deallocate(void* p) noexcept { mi_free(p); }
+void small_heap::deallocate(void* p) noexcept { mi_api()->free(p); }
 
 #else  // no mimalloc: nothing is served here
 

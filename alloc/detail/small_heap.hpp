@@ -6,7 +6,9 @@
  * A mix of small and large host allocations from many threads needs what a general-purpose
  * allocator does well: per-thread free lists, no lock on the fast path, blocks freed on another
  * thread returned without contention. Rather than grow an allocator of our own, system_host
- * hands blocks up to kMaxBytes to mimalloc (when the build found it; GHT_HAVE_MIMALLOC).
+ * hands blocks up to kMaxBytes to mimalloc: when the build found its header (GHT_HAVE_MIMALLOC)
+ * and libmimalloc.so.2 loads at run time. It is opened with RTLD_LOCAL, not linked, because
+ * Debian's build also exports malloc and free and would otherwise replace malloc process-wide.
  *
  * Placement: one exclusive mimalloc arena per NUMA node, over memory this file maps (1 GiB of
  * address space, 32 MiB-aligned as mimalloc's segments need) with the same MPOL_PREFERRED policy
@@ -41,7 +43,7 @@ class small_heap {
   /// Largest alignment served here (system_host's max_alignment()).
   static constexpr std::size_t kMaxAlignment = 4096;
 
-  /// Whether this build serves small blocks from mimalloc.
+  /// Whether small blocks can come from mimalloc here (built with it, and the library loads).
   [[nodiscard]] static bool available() noexcept;
   /// The heap of NUMA node `node` (-1: no policy), created on first use; nullptr when mimalloc is
   /// absent or the arena could not be set up (no address space, mimalloc's 64 arenas taken).
