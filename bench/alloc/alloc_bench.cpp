@@ -329,11 +329,19 @@ double ns_of(const Collector& c, const std::string& name) {
   return it == c.results.end() ? 0.0 : it->second.ns;
 }
 
-}  // namespace
+double ratio(double base, double ours) { return ours > 0 && base > 0 ? base / ours : 0.0; }
 
-int main(int argc, char** argv) {
+/// The benchmarks main registered: their sizes and names, for the ratio table.
+struct Registered {
+  std::vector<std::size_t> small_sizes = {64, 1 * KiB, 16 * KiB, 128 * KiB};
+  std::vector<std::string> mixed_names = {"system_host", "system_host_nocache"};
+  std::vector<std::size_t> pair_sizes, pinned_sizes;
+  bool gpu = false;
+};
+
+/// Takes --ght_json=PATH and --ght_mixed_ops=N out of argv; the rest go to `args`. Returns the JSON path.
+std::string take_ght_args(int argc, char** argv, std::vector<char*>& args) {
   std::string json_path = "alloc_bench.json";
-  std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--ght_json=", 11) == 0) {
       json_path = argv[i] + 11;
@@ -343,11 +351,13 @@ int main(int argc, char** argv) {
       args.push_back(argv[i]);
     }
   }
-  int n = static_cast<int>(args.size());
-  benchmark::Initialize(&n, args.data());
+  return json_path;
+}
 
-  const std::vector<std::size_t> small_sizes = {64, 1 * KiB, 16 * KiB, 128 * KiB};
-  for (std::size_t b : small_sizes) {
+void mixed(benchmark::internal::Benchmark* b) { b->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond); }
+
+void register_host(const Registered& reg) {
+  for (std::size_t b : reg.small_sizes) {
     benchmark::RegisterBenchmark(("host_pair/system_host/" + size_name(b)).c_str(),
                                  bm_system_host_pair, b);
     benchmark::RegisterBenchmark(("host_pair/aligned_alloc/" + size_name(b)).c_str(),
@@ -357,53 +367,149 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("host_pair/mmap/64MiB", bm_mmap_pair, 64 * MiB);
 
   // Mixed workload: glibc first and last, so a machine that slows down during the run shows.
-  const auto mixed = [](benchmark::internal::Benchmark* b) {
-    b->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
-  };
   mixed(benchmark::RegisterBenchmark("mixed8/aligned_alloc", bm_mixed_aligned_alloc));
   mixed(benchmark::RegisterBenchmark("mixed8/system_host", bm_mixed_resource<system_host>, make_system_host, true, 1L));
   mixed(benchmark::RegisterBenchmark("mixed8/system_host_nocache", bm_mixed_resource<system_host>, make_system_host, false, 20L));
   mixed(benchmark::RegisterBenchmark("mixed8/aligned_alloc_again", bm_mixed_aligned_alloc));
-  std::vector<std::string> mixed_names = {"system_host", "system_host_nocache"};
+}
 
-  std::vector<std::size_t> pair_sizes, pinned_sizes;
-  bool gpu = false;
 #ifdef GHT_HAVE_CUDA
-  gpu = have_gpu();
-  if (gpu) {
-    for (std::size_t b = 64 * KiB; b <= 256 * MiB; b *= 4) pair_sizes.push_back(b);
-    for (std::size_t b : pair_sizes) {
-      const std::string s = size_name(b);
-      for (bool sync : {false, true}) {
-        const std::string v = sync ? "sync/" : "nosync/";
-        benchmark::RegisterBenchmark(("pair/" + v + "ght_pool/" + s).c_str(), bm_pool_pair, b, sync);
-        benchmark::RegisterBenchmark(("pair/" + v + "ght_tiered/" + s).c_str(), bm_tiered_pair, b, sync);
-        benchmark::RegisterBenchmark(("pair/" + v + "cudaMallocAsync/" + s).c_str(), bm_malloc_async_pair, b, sync);
-      }
-      benchmark::RegisterBenchmark(("pair/sync/cudaMalloc/" + s).c_str(), bm_cuda_malloc_pair, b);
+void register_device(Registered& reg) {
+  for (std::size_t b = 64 * KiB; b <= 256 * MiB; b *= 4) reg.pair_sizes.push_back(b);
+  for (std::size_t b : reg.pair_sizes) {
+    const std::string s = size_name(b);
+    for (bool sync : {false, true}) {
+      const std::string v = sync ? "sync/" : "nosync/";
+      benchmark::RegisterBenchmark(("pair/" + v + "ght_pool/" + s).c_str(), bm_pool_pair, b, sync);
+      benchmark::RegisterBenchmark(("pair/" + v + "ght_tiered/" + s).c_str(), bm_tiered_pair, b, sync);
+      benchmark::RegisterBenchmark(("pair/" + v + "cudaMallocAsync/" + s).c_str(), bm_malloc_async_pair, b, sync);
     }
-    mixed(benchmark::RegisterBenchmark("mixed8/pinned_host", bm_mixed_resource<pinned_host>, make_pinned_host, true, 1L));
-    mixed(benchmark::RegisterBenchmark("mixed8/pinned_host_nocache", bm_mixed_resource<pinned_host>, make_pinned_host, false, 200L));
-    mixed_names.push_back("pinned_host");
-    mixed_names.push_back("pinned_host_nocache");
-    // Pinned sizes that fit: leave a quarter of the free memory for everything else.
-    const std::uint64_t free_b = ght::alloc::detail::numa_node_free_bytes(host_node());
-    for (std::size_t b : {1 * GiB, 8 * GiB, 32 * GiB}) {
-      if (free_b != UINT64_MAX && b > free_b / 4 * 3) {
-        std::printf("skipping pinned %s: %.1f GiB available on the host node\n", size_name(b).c_str(),
-                    static_cast<double>(free_b) / GiB);
-        continue;
-      }
-      pinned_sizes.push_back(b);
-      const std::string s = size_name(b);
-      const benchmark::IterationCount it = b >= 32 * GiB ? 1 : b >= 8 * GiB ? 2 : 5;
-      benchmark::RegisterBenchmark(("pinned/ght_chunked/" + s).c_str(), bm_pinned_alloc, b, std::size_t{1} * GiB)
-          ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("pinned/ght_single/" + s).c_str(), bm_pinned_alloc, b, std::size_t{0})
-          ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark(("pinned/cudaHostAlloc/" + s).c_str(), bm_cuda_host_alloc, b)
-          ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("pair/sync/cudaMalloc/" + s).c_str(), bm_cuda_malloc_pair, b);
+  }
+  mixed(benchmark::RegisterBenchmark("mixed8/pinned_host", bm_mixed_resource<pinned_host>, make_pinned_host, true, 1L));
+  mixed(benchmark::RegisterBenchmark("mixed8/pinned_host_nocache", bm_mixed_resource<pinned_host>, make_pinned_host, false, 200L));
+  reg.mixed_names.push_back("pinned_host");
+  reg.mixed_names.push_back("pinned_host_nocache");
+  // Pinned sizes that fit: leave a quarter of the free memory for everything else.
+  const std::uint64_t free_b = ght::alloc::detail::numa_node_free_bytes(host_node());
+  for (std::size_t b : {1 * GiB, 8 * GiB, 32 * GiB}) {
+    if (free_b != UINT64_MAX && b > free_b / 4 * 3) {
+      std::printf("skipping pinned %s: %.1f GiB available on the host node\n", size_name(b).c_str(),
+                  static_cast<double>(free_b) / GiB);
+      continue;
     }
+    reg.pinned_sizes.push_back(b);
+    const std::string s = size_name(b);
+    const benchmark::IterationCount it = b >= 32 * GiB ? 1 : b >= 8 * GiB ? 2 : 5;
+    benchmark::RegisterBenchmark(("pinned/ght_chunked/" + s).c_str(), bm_pinned_alloc, b, std::size_t{1} * GiB)
+        ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("pinned/ght_single/" + s).c_str(), bm_pinned_alloc, b, std::size_t{0})
+        ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("pinned/cudaHostAlloc/" + s).c_str(), bm_cuda_host_alloc, b)
+        ->UseManualTime()->Iterations(it)->Unit(benchmark::kMillisecond);
+  }
+}
+#endif
+
+void report_host_pairs(const Collector& rep, const Registered& reg, nlohmann::json& ratios) {
+  std::printf("host alloc+free pairs (ns)\n%-8s %12s %14s %8s\n", "size", "system_host", "aligned_alloc", "ratio");
+  for (std::size_t b : reg.small_sizes) {
+    const std::string s = size_name(b);
+    const double ours = ns_of(rep, "host_pair/system_host/" + s);
+    const double base = ns_of(rep, "host_pair/aligned_alloc/" + s);
+    std::printf("%-8s %12.1f %14.1f %8.2f\n", s.c_str(), ours, base, ratio(base, ours));
+    ratios["host_pair"][s] = {{"system_host_ns", ours}, {"aligned_alloc_ns", base}, {"ratio", ratio(base, ours)}};
+  }
+}
+
+void report_mixed(const Collector& rep, const Registered& reg, nlohmann::json& ratios) {
+  const auto counter = [&](const std::string& name, const char* key) {
+    const auto it = rep.results.find("mixed8/" + name);
+    if (it == rep.results.end()) return 0.0;
+    const auto c = it->second.counters.find(key);
+    return c == it->second.counters.end() ? 0.0 : c->second;
+  };
+  // The baseline is the mean of glibc's two runs.
+  const double g1 = counter("aligned_alloc", "ops/s"), g2 = counter("aligned_alloc_again", "ops/s");
+  const double glibc = g1 > 0 && g2 > 0 ? (g1 + g2) / 2 : std::max(g1, g2);
+  std::printf("mixed sizes 1 B..64 MiB, %d threads x %d live blocks (ops/s; goal: ratio >= 0.5)\n"
+              "%-20s %12s %8s %8s %8s %9s\n", kMixedThreads, kMixedLive, "resource", "ops/s",
+              "user_s", "sys_s", "hit_rate", "vs_glibc");
+  for (const std::string& name : {std::string("aligned_alloc"), std::string("aligned_alloc_again")}) {
+    std::printf("%-20s %12.0f %8.2f %8.2f %8s %9s\n", name.c_str(), counter(name, "ops/s"),
+                counter(name, "user_s"), counter(name, "sys_s"), "-", "-");
+  }
+  ratios["mixed8"]["aligned_alloc_ops_per_s"] = glibc;
+  for (const std::string& name : reg.mixed_names) {
+    const double ops = counter(name, "ops/s");
+    const double r = glibc > 0 ? ops / glibc : 0.0;
+    std::printf("%-20s %12.0f %8.2f %8.2f %8.3f %9.3f\n", name.c_str(), ops, counter(name, "user_s"),
+                counter(name, "sys_s"), counter(name, "hit_rate"), r);
+    ratios["mixed8"][name] = {{"ops_per_s", ops}, {"vs_aligned_alloc", r},
+                              {"hit_rate", counter(name, "hit_rate")}};
+  }
+}
+
+void report_device_pairs(const Collector& rep, const Registered& reg, nlohmann::json& ratios) {
+  if (reg.pair_sizes.empty()) return;
+  for (const char* v : {"nosync", "sync"}) {
+    std::printf("device alloc+free pairs, %s (ns)\n%-8s %10s %10s %16s %8s %12s %8s\n", v, "size",
+                "ght_pool", "ght_tiered", "cudaMallocAsync", "ratio", "cudaMalloc", "ratio");
+    for (std::size_t b : reg.pair_sizes) {
+      const std::string s = size_name(b), pre = std::string("pair/") + v + "/";
+      const double pool = ns_of(rep, pre + "ght_pool/" + s);
+      const double tiered = ns_of(rep, pre + "ght_tiered/" + s);
+      const double async = ns_of(rep, pre + "cudaMallocAsync/" + s);
+      const double direct = ns_of(rep, "pair/sync/cudaMalloc/" + s);
+      std::printf("%-8s %10.0f %10.0f %16.0f %8.2f %12.0f %8.2f\n", s.c_str(), pool, tiered, async,
+                  ratio(async, pool), direct, ratio(direct, pool));
+      ratios[std::string("pair_") + v][s] = {{"ght_pool_ns", pool}, {"ght_tiered_ns", tiered},
+                                            {"cudaMallocAsync_ns", async}, {"cudaMalloc_ns", direct},
+                                            {"vs_cudaMallocAsync", ratio(async, pool)},
+                                            {"vs_cudaMalloc", ratio(direct, pool)}};
+    }
+  }
+}
+
+void report_pinned(const Collector& rep, const Registered& reg, nlohmann::json& ratios) {
+  if (reg.pinned_sizes.empty()) return;
+  std::printf("pinned host allocation (ms; goal: ratio >= 2 from 8 GiB)\n%-6s %12s %12s %14s %8s %8s\n",
+              "size", "ght_chunked", "ght_single", "cudaHostAlloc", "ratio_c", "ratio_s");
+  for (std::size_t b : reg.pinned_sizes) {
+    const std::string s = size_name(b);
+    const double c = ns_of(rep, "pinned/ght_chunked/" + s) * 1e-6;
+    const double one = ns_of(rep, "pinned/ght_single/" + s) * 1e-6;
+    const double base = ns_of(rep, "pinned/cudaHostAlloc/" + s) * 1e-6;
+    std::printf("%-6s %12.1f %12.1f %14.1f %8.2f %8.2f\n", s.c_str(), c, one, base, ratio(base, c), ratio(base, one));
+    ratios["pinned"][s] = {{"ght_chunked_ms", c}, {"ght_single_ms", one}, {"cudaHostAlloc_ms", base},
+                           {"ratio_chunked", ratio(base, c)}, {"ratio_single", ratio(base, one)}};
+  }
+}
+
+void write_json(const std::string& json_path, const Collector& rep, bool gpu, const nlohmann::json& ratios) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& [name, r] : rep.results) {
+    runs.push_back({{"name", name}, {"real_time_ns", r.ns}, {"iterations", r.iterations}, {"counters", r.counters}});
+  }
+  std::ofstream out(json_path);
+  out << nlohmann::json{{"benchmark", "alloc_bench"}, {"gpu", gpu}, {"runs", runs}, {"ratios", ratios}}.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> args;
+  const std::string json_path = take_ght_args(argc, argv, args);
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+
+  Registered reg;
+  register_host(reg);
+#ifdef GHT_HAVE_CUDA
+  reg.gpu = have_gpu();
+  if (reg.gpu) {
+    register_device(reg);
   } else {
     std::printf("no CUDA device: device and pinned benchmarks skipped\n");
   }
@@ -416,83 +522,12 @@ int main(int argc, char** argv) {
 
   // ---- ratio table (baseline / ghtier) --------------------------------------------------------
   nlohmann::json ratios = nlohmann::json::object();
-  const auto ratio = [](double base, double ours) { return ours > 0 && base > 0 ? base / ours : 0.0; };
   std::printf("\n== ratios: baseline time / ghtier time (above 1: ghtier faster) ==\n");
-  std::printf("host alloc+free pairs (ns)\n%-8s %12s %14s %8s\n", "size", "system_host", "aligned_alloc", "ratio");
-  for (std::size_t b : small_sizes) {
-    const std::string s = size_name(b);
-    const double ours = ns_of(rep, "host_pair/system_host/" + s);
-    const double base = ns_of(rep, "host_pair/aligned_alloc/" + s);
-    std::printf("%-8s %12.1f %14.1f %8.2f\n", s.c_str(), ours, base, ratio(base, ours));
-    ratios["host_pair"][s] = {{"system_host_ns", ours}, {"aligned_alloc_ns", base}, {"ratio", ratio(base, ours)}};
-  }
-  {
-    const auto counter = [&](const std::string& name, const char* key) {
-      const auto it = rep.results.find("mixed8/" + name);
-      if (it == rep.results.end()) return 0.0;
-      const auto c = it->second.counters.find(key);
-      return c == it->second.counters.end() ? 0.0 : c->second;
-    };
-    // The baseline is the mean of glibc's two runs.
-    const double g1 = counter("aligned_alloc", "ops/s"), g2 = counter("aligned_alloc_again", "ops/s");
-    const double glibc = g1 > 0 && g2 > 0 ? (g1 + g2) / 2 : std::max(g1, g2);
-    std::printf("mixed sizes 1 B..64 MiB, %d threads x %d live blocks (ops/s; goal: ratio >= 0.5)\n"
-                "%-20s %12s %8s %8s %8s %9s\n", kMixedThreads, kMixedLive, "resource", "ops/s",
-                "user_s", "sys_s", "hit_rate", "vs_glibc");
-    for (const std::string& name : {std::string("aligned_alloc"), std::string("aligned_alloc_again")}) {
-      std::printf("%-20s %12.0f %8.2f %8.2f %8s %9s\n", name.c_str(), counter(name, "ops/s"),
-                  counter(name, "user_s"), counter(name, "sys_s"), "-", "-");
-    }
-    ratios["mixed8"]["aligned_alloc_ops_per_s"] = glibc;
-    for (const std::string& name : mixed_names) {
-      const double ops = counter(name, "ops/s");
-      const double r = glibc > 0 ? ops / glibc : 0.0;
-      std::printf("%-20s %12.0f %8.2f %8.2f %8.3f %9.3f\n", name.c_str(), ops, counter(name, "user_s"),
-                  counter(name, "sys_s"), counter(name, "hit_rate"), r);
-      ratios["mixed8"][name] = {{"ops_per_s", ops}, {"vs_aligned_alloc", r},
-                                {"hit_rate", counter(name, "hit_rate")}};
-    }
-  }
-  if (!pair_sizes.empty()) {
-    for (const char* v : {"nosync", "sync"}) {
-      std::printf("device alloc+free pairs, %s (ns)\n%-8s %10s %10s %16s %8s %12s %8s\n", v, "size",
-                  "ght_pool", "ght_tiered", "cudaMallocAsync", "ratio", "cudaMalloc", "ratio");
-      for (std::size_t b : pair_sizes) {
-        const std::string s = size_name(b), pre = std::string("pair/") + v + "/";
-        const double pool = ns_of(rep, pre + "ght_pool/" + s);
-        const double tiered = ns_of(rep, pre + "ght_tiered/" + s);
-        const double async = ns_of(rep, pre + "cudaMallocAsync/" + s);
-        const double direct = ns_of(rep, "pair/sync/cudaMalloc/" + s);
-        std::printf("%-8s %10.0f %10.0f %16.0f %8.2f %12.0f %8.2f\n", s.c_str(), pool, tiered, async,
-                    ratio(async, pool), direct, ratio(direct, pool));
-        ratios[std::string("pair_") + v][s] = {{"ght_pool_ns", pool}, {"ght_tiered_ns", tiered},
-                                              {"cudaMallocAsync_ns", async}, {"cudaMalloc_ns", direct},
-                                              {"vs_cudaMallocAsync", ratio(async, pool)},
-                                              {"vs_cudaMalloc", ratio(direct, pool)}};
-      }
-    }
-  }
-  if (!pinned_sizes.empty()) {
-    std::printf("pinned host allocation (ms; goal: ratio >= 2 from 8 GiB)\n%-6s %12s %12s %14s %8s %8s\n",
-                "size", "ght_chunked", "ght_single", "cudaHostAlloc", "ratio_c", "ratio_s");
-    for (std::size_t b : pinned_sizes) {
-      const std::string s = size_name(b);
-      const double c = ns_of(rep, "pinned/ght_chunked/" + s) * 1e-6;
-      const double one = ns_of(rep, "pinned/ght_single/" + s) * 1e-6;
-      const double base = ns_of(rep, "pinned/cudaHostAlloc/" + s) * 1e-6;
-      std::printf("%-6s %12.1f %12.1f %14.1f %8.2f %8.2f\n", s.c_str(), c, one, base, ratio(base, c), ratio(base, one));
-      ratios["pinned"][s] = {{"ght_chunked_ms", c}, {"ght_single_ms", one}, {"cudaHostAlloc_ms", base},
-                             {"ratio_chunked", ratio(base, c)}, {"ratio_single", ratio(base, one)}};
-    }
-  }
-
-  nlohmann::json runs = nlohmann::json::array();
-  for (const auto& [name, r] : rep.results) {
-    runs.push_back({{"name", name}, {"real_time_ns", r.ns}, {"iterations", r.iterations}, {"counters", r.counters}});
-  }
-  std::ofstream out(json_path);
-  out << nlohmann::json{{"benchmark", "alloc_bench"}, {"gpu", gpu}, {"runs", runs}, {"ratios", ratios}}.dump(2) << "\n";
-  std::printf("wrote %s\n", json_path.c_str());
+  report_host_pairs(rep, reg, ratios);
+  report_mixed(rep, reg, ratios);
+  report_device_pairs(rep, reg, ratios);
+  report_pinned(rep, reg, ratios);
+  write_json(json_path, rep, reg.gpu, ratios);
   benchmark::Shutdown();
   return 0;
 }
