@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -125,10 +126,13 @@ void* small_heap::allocate(std::size_t bytes, std::size_t alignment) noexcept {
     heap = mi_api()->heap_new_in_arena(static_cast<mi_arena_id_t>(arena_id_));
     if (heap == nullptr) return nullptr;
   }
+  // A multiple of the alignment (at most the slab pool's power-of-two class): a block smaller
+  // than its alignment would take mimalloc's slow path (over-allocate, then shift the pointer).
+  const std::size_t n = align_up(std::max(bytes, alignment), alignment);
   // nullptr when the arena has no free segment left: the caller falls back to its own path.
   // The _at form: 2.0.9's mi_heap_malloc_aligned assumes power-of-two blocks of 256 B to 1 KiB
   // are aligned to their size, which the first page of a segment breaks (128-aligned blocks seen).
-  return mi_api()->heap_malloc_aligned_at(heap, bytes, alignment, 0);
+  return mi_api()->heap_malloc_aligned_at(heap, n, alignment, 0);
 }
 
 void small_heap::deallocate(void* p) noexcept { mi_api()->free(p); }
