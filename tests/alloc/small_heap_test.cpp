@@ -62,6 +62,39 @@ TEST(SmallHeap, ServesBlocksUpTo1MiBOnTheNode) {
   EXPECT_EQ(r.pool_reserved_bytes(), 0u) << "the slab pool is not used";
 }
 
+TEST(SmallHeap, FallsBackToTheSlabPoolAndCacheWhenTheArenaIsFull) {
+  REQUIRE_MIMALLOC();
+  system_host r(test_node());
+  ASSERT_TRUE(r.mimalloc_small_blocks());
+  // 1 MiB blocks until one does not come from the arena (its 1 GiB holds fewer than 1024).
+  const std::size_t n = hd::small_heap::kMaxBytes;
+  const std::size_t limit = 2 * hd::small_heap::kArenaBytes / n;
+  std::vector<char*> held;
+  char* outside = nullptr;
+  while (outside == nullptr && held.size() < limit) {
+    char* p = static_cast<char*>(r.allocate(n));
+    p[0] = 1;  // mimalloc touches little else: the arena's pages stay mostly untouched
+    if (r.from_mimalloc(p)) {
+      held.push_back(p);
+    } else {
+      outside = p;
+    }
+  }
+  ASSERT_NE(outside, nullptr) << held.size() << " blocks of 1 MiB, all from the arena";
+  EXPECT_GT(held.size(), 64u);
+  outside[n - 1] = 2;
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(outside) % hd::kPageBytes, 0u) << "a mapping of its own";
+  // Small sizes go on: from a page mimalloc has, or from the slab pool; each is freed right.
+  std::vector<void*> small;
+  for (int i = 0; i < 20000; ++i) small.push_back(r.allocate(200));
+  for (void* p : small) r.deallocate(p, 200);
+  r.deallocate(outside, n);
+  for (char* p : held) r.deallocate(p, n);
+  char* again = static_cast<char*>(r.allocate(n));
+  EXPECT_TRUE(r.from_mimalloc(again)) << "freed arena memory is used again";
+  r.deallocate(again, n);
+}
+
 /// A host-only tiered allocator whose host tier is a system_host with or without mimalloc.
 std::unique_ptr<tiered_allocator> make_host_tier(bool mimalloc, std::uint64_t budget) {
   std::array<TierSetup, kNumTiers> t;
