@@ -32,6 +32,7 @@ const DimensionValue* find_value(const Dimension& d, std::string_view v) {
 // Prices the candidate's inexact settings and decides its admission under `t`.
 void price(Candidate& c, const std::vector<Dimension>& dims, const Ledger& ledger, const Tolerance& t) {
   double cost = 0;
+  bool planned_inexact = false;  // an inexact value the plan would choose (not the user)
   std::string missing, outside;
   for (std::size_t i = 0; i < dims.size(); ++i) {
     const DimensionValue* v = find_value(dims[i], c.settings[i].second);
@@ -39,6 +40,11 @@ void price(Candidate& c, const std::vector<Dimension>& dims, const Ledger& ledge
     Price p{dims[i].option, v->value, dims[i].what, std::nullopt};
     if (const Verdict* verdict = ledger.find(p.option, p.value)) p.verdict = *verdict;
     const std::string name = p.option + "=" + p.value;
+    if (dims[i].pinned) {  // the user's own choice: priced in the log, never refused
+      c.inexact.push_back(std::move(p));
+      continue;
+    }
+    planned_inexact = true;
     if (!p.verdict) {
       missing += (missing.empty() ? "" : ", ") + name;
     } else {
@@ -47,8 +53,8 @@ void price(Candidate& c, const std::vector<Dimension>& dims, const Ledger& ledge
     }
     c.inexact.push_back(std::move(p));
   }
-  if (c.inexact.empty()) {
-    c.admitted = true;
+  if (!planned_inexact) {
+    c.admitted = true;  // exact, or inexact only where the user set it
   } else if (t.kind == Tolerance::Kind::exact) {
     c.refused = "inexact (GHT_PLAN_TOLERANCE=exact)";
   } else if (!missing.empty()) {
