@@ -21,7 +21,7 @@ ght_find_c_library(ght_xxhash xxhash.h xxhash)
 
 ght_find_c_library(ght_numa numa.h numa)
 
-# mimalloc (optional): system_host's blocks up to 1 MiB, from an arena of ghtier's own on the host
+# mimalloc (optional): system_host's blocks up to 128 KiB, from an arena of ghtier's own on the host
 # NUMA node (alloc/detail/small_heap.cpp). Needs 2.0.9 (exclusive arenas, heaps bound to one); the
 # library is loaded at run time, and a machine without it uses the slab pool.
 # Without it, and in sanitizer builds (the sanitizers cannot see into the uninstrumented

@@ -25,17 +25,20 @@ namespace hd = ght::alloc::detail;
 
 int test_node() { return hd::numa_node_usable(0) ? 0 : -1; }
 
+// The largest block mimalloc serves at the default alignment.
+constexpr std::size_t kLargest = hd::small_heap::kMaxBytes - kDefaultAlignment;
+
 #define REQUIRE_MIMALLOC()                                                                   \
   if (!hd::small_heap::available())                                                          \
   GTEST_SKIP() << "built without mimalloc (install libmimalloc-dev and reconfigure; sanitizer " \
                   "builds leave it out): small host blocks come from the slab pool"
 
-TEST(SmallHeap, ServesBlocksUpTo1MiBOnTheNode) {
+TEST(SmallHeap, ServesBlocksUpTo128KiBOnTheNode) {
   REQUIRE_MIMALLOC();
   system_host r(test_node());
   ASSERT_TRUE(r.mimalloc_small_blocks());
   EXPECT_FALSE(system_host(test_node(), true, {}, false).mimalloc_small_blocks());
-  const std::size_t max = hd::small_heap::kMaxBytes;
+  const std::size_t max = kLargest;
   for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{4096}, max / 2 + 1, max}) {
     char* p = static_cast<char*>(r.allocate(n));
     EXPECT_TRUE(r.from_mimalloc(p)) << n << " bytes";
@@ -52,22 +55,27 @@ TEST(SmallHeap, ServesBlocksUpTo1MiBOnTheNode) {
     }
     r.deallocate(p, n);
   }
-  void* big = r.allocate(max + 1);  // above the threshold: a mapping of its own, as before
-  EXPECT_FALSE(r.from_mimalloc(big));
-  r.deallocate(big, max + 1);
   void* page = r.allocate(24, 4096);
   EXPECT_TRUE(r.from_mimalloc(page));
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(page) % 4096, 0u);
   r.deallocate(page, 24, 4096);
   EXPECT_EQ(r.pool_reserved_bytes(), 0u) << "the slab pool is not used";
+  void* big = r.allocate(max + 1);  // above the threshold: the slab pool, as before
+  EXPECT_FALSE(r.from_mimalloc(big));
+  EXPECT_EQ(r.pool_reserved_bytes(), hd::small_block_pool::kSlabBytes);
+  r.deallocate(big, max + 1);
+  void* huge = r.allocate(std::size_t{2} << 20);  // and the large-block cache
+  EXPECT_FALSE(r.from_mimalloc(huge));
+  EXPECT_EQ(r.cache_stats().misses, 1u);
+  r.deallocate(huge, std::size_t{2} << 20);
 }
 
-TEST(SmallHeap, FallsBackToTheSlabPoolAndCacheWhenTheArenaIsFull) {
+TEST(SmallHeap, FallsBackToTheSlabPoolWhenTheArenaIsFull) {
   REQUIRE_MIMALLOC();
   system_host r(test_node());
   ASSERT_TRUE(r.mimalloc_small_blocks());
-  // 1 MiB blocks until one does not come from the arena (its 1 GiB holds fewer than 1024).
-  const std::size_t n = hd::small_heap::kMaxBytes;
+  // The largest small blocks until one does not come from the arena (1 GiB).
+  const std::size_t n = kLargest;
   const std::size_t limit = 2 * hd::small_heap::kArenaBytes / n;
   std::vector<char*> held;
   char* outside = nullptr;
@@ -80,10 +88,10 @@ TEST(SmallHeap, FallsBackToTheSlabPoolAndCacheWhenTheArenaIsFull) {
       outside = p;
     }
   }
-  ASSERT_NE(outside, nullptr) << held.size() << " blocks of 1 MiB, all from the arena";
+  ASSERT_NE(outside, nullptr) << held.size() << " blocks of " << n << " B, all from the arena";
   EXPECT_GT(held.size(), 64u);
   outside[n - 1] = 2;
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(outside) % hd::kPageBytes, 0u) << "a mapping of its own";
+  EXPECT_EQ(r.pool_reserved_bytes(), hd::small_block_pool::kSlabBytes) << "from the slab pool";
   // Small sizes go on: from a page mimalloc has, or from the slab pool; each is freed right.
   std::vector<void*> small;
   for (int i = 0; i < 20000; ++i) small.push_back(r.allocate(200));
@@ -120,7 +128,7 @@ Trace run_trace(bool mimalloc) {
   std::vector<std::size_t> sizes;
   std::uint64_t sum = 0;
   for (int i = 0; i < 3000; ++i) {
-    sizes.push_back(1 + rng() % (hd::small_heap::kMaxBytes / (1 + rng() % 64)));
+    sizes.push_back(1 + rng() % (kLargest / (1 + rng() % 64)));
     sum += sizes.back();
   }
   auto t = make_host_tier(mimalloc, /*budget=*/sum);
@@ -188,7 +196,7 @@ TEST(SmallHeap, BlocksFreedOnOtherThreadsAndAfterTheirThreadEnded) {
       th.emplace_back([&, k] {
         std::mt19937_64 rng(100 + static_cast<std::uint64_t>(k));
         for (int i = 0; i < kBlocks; ++i) {
-          const std::size_t n = 1 + rng() % (i % 50 == 0 ? hd::small_heap::kMaxBytes : 4096);
+          const std::size_t n = 1 + rng() % (i % 50 == 0 ? kLargest : 4096);
           void* p = t->allocate(n, req);
           test::fill_pattern(base, p, n);
           got[static_cast<std::size_t>(k)].emplace_back(p, n);
