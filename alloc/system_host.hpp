@@ -5,10 +5,11 @@
  *
  * Where the link is c2c (GH200) the GPU dereferences this memory directly; on a pcie link only
  * the CPU may use it. Blocks up to 128 KiB come from mimalloc, in an arena on the same node
- * (detail::small_heap, where the build has mimalloc); otherwise blocks up to 256 KiB come from a
- * size-class pool carved from bound 4 MiB slabs. Larger blocks are mappings of their own. Freed blocks up to 256 MiB stay mapped in a
- * bounded cache (detail::large_block_cache, 1 GiB by default) for reuse; larger ones, and any
- * freed while the node is short of memory, go back to the OS.
+ * (detail::small_heap, where mimalloc is available); the other blocks up to 256 KiB come from a
+ * size-class pool carved from bound 4 MiB slabs. Larger blocks are mappings of their own. Freed
+ * blocks up to 256 MiB stay mapped in a bounded cache (detail::large_block_cache, 1 GiB by
+ * default) for reuse; larger ones, and any freed while the node is short of memory, go back to
+ * the OS.
  */
 #include <string>
 
