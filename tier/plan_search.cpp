@@ -275,9 +275,7 @@ std::string format_search(const SearchResult& r, double tokens_per_step, double 
     ++shown;
   }
   if (!r.chosen) return out + "  no plan within the tolerance fits (the error below lists what would)\n";
-  const Candidate& b = r.best();
-  for (const Price& p : b.inexact) out += "  inexact choice taken: " + p.describe() + "\n";
-  return out;
+  return out;  // the inexact choices taken are logged with their prices by whoever applies them
 }
 
 std::string refusal_message(const SearchResult& r, double tokens_per_step) {

@@ -55,7 +55,10 @@ void setup(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   auto* c = app.add_subcommand("train", "Train the MoE model (on the GPU when there is one, else the CPU backend)");
   c->footer(kFooter);
-  c->add_option("--model", args->preset, "Model preset: tiny, small, bench-h200, seed-21b")->capture_default_str();
+  auto* model = c->add_option("--model", args->preset,
+                               "Model preset: tiny, small, bench-h200, bench-h200-14l, seed-21b; with --config it "
+                               "replaces the file's [model] table (-o model.KEY=VALUE still refines it)")
+                    ->capture_default_str();
   c->add_option("--config", args->config, "TOML run configuration ([model], [train], [optimizer], [schedule])");
   c->add_option("-o,--override", args->overrides, "Override a key: section.key=value (e.g. train.steps=500)");
   c->add_option("--data", args->data, "Shard directory or pattern (train.data); required unless the config sets it");
@@ -93,8 +96,11 @@ void setup(CLI::App& app) {
               "TFLOP/s and GB/s to <out>/kernel_breakdown.{md,json}; needs --profile-steps N");
   c->add_flag("--print-config", args->print_config, "Print the resolved configuration as JSON and exit");
   c->add_flag("-v,--verbose", args->verbose, "Also print the resolved configuration before training");
-  c->callback([args] {
-    std::vector<std::string> ov = args->overrides;
+  c->callback([args, model] {
+    std::vector<std::string> ov;
+    // An explicit --model wins over the file's [model] table, as every flag wins over the file.
+    if (model->count() > 0 && !args->config.empty()) ov.push_back("model.preset=\"" + args->preset + "\"");
+    ov.insert(ov.end(), args->overrides.begin(), args->overrides.end());
     if (!args->data.empty()) ov.push_back("train.data=\"" + args->data + "\"");
     if (!args->out.empty()) ov.push_back("train.out=\"" + args->out + "\"");
     if (!args->backend.empty()) ov.push_back("train.backend=\"" + args->backend + "\"");
