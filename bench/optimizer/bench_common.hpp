@@ -145,6 +145,11 @@ Stats triad_pass_seconds(const tier::HostTriadResult& r);
 void run_cpu(const Args& args, Report& report);
 /// Attach torch ratios, print notes and the markdown table (last), write JSON.
 int finish(const Args& args, Report& report);
+/// main of both builds: the arguments, the CPU rows unless --skip-cpu, then `run_device` (the
+/// accelerator's rows, or a note why there are none), then finish(); an error is printed and
+/// returns 1. `build` goes in the JSON ("cuda", "cpu-only").
+int bench_main(int argc, char** argv, const char* build,
+               const std::function<void(const Args&, Report&)>& run_device);
 
 std::string fmt(double x, int digits = 3);
 std::string human_params(std::uint64_t n);

@@ -9,6 +9,7 @@
 //   accumulate fp32 read dst 4 + read src 4 + write dst 4 = 12
 // Triad (tier/host_triad.hpp) counts its 3 streams like STREAM and uses non-temporal stores on
 // x86-64, so it pays no read-for-ownership either: the rooflines are the best triad pass.
+#include <exception>
 #include <iostream>
 
 #include "bench_common.hpp"
@@ -95,6 +96,23 @@ void run_cpu(const Args& args, Report& report) {
       acc.check(args.runs + 1);  // the warm-up pass added too
       add_row(r);
     }
+  }
+}
+
+int bench_main(int argc, char** argv, const char* build,
+               const std::function<void(const Args&, Report&)>& run_device) {
+  Args args;
+  int rc = 0;
+  if (!parse_args(argc, argv, args, rc)) return rc;
+  try {
+    Report report;
+    report.extra["build"] = build;
+    if (!args.skip_cpu) run_cpu(args, report);
+    run_device(args, report);
+    return finish(args, report);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_optimizer: " << e.what() << "\n";
+    return 1;
   }
 }
 

@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -530,6 +531,157 @@ void run_beside(const Args& args, Report& report) {
   std::cout << table.str();
 }
 
+/// The roofline of a pair of rows: the bytes it charges per parameter, its Gparam/s and what it
+/// rests on, and the torch baseline to compare with.
+struct Roof {
+  double bytes_per_param;
+  double gparams;
+  std::string basis;
+  const char* torch_key;
+};
+
+/// An update row and a step row (norm + update) of `n` parameters, timed on `opt` and added to
+/// the report; returns both, update first.
+std::pair<Row, Row> timed_rows(const Args& args, optimizer::AdamW& opt, std::uint64_t n, const std::string& up_path,
+                               const std::string& st_path, const Roof& roof, Report& report) {
+  Row up, st;
+  up.path = up_path;
+  st.path = st_path;
+  for (Row* r : {&up, &st}) {
+    r->params = n;
+    r->bytes_per_param = roof.bytes_per_param;
+    r->roof_gparams = roof.gparams;
+    r->roof_basis = roof.basis;
+    r->torch_key = roof.torch_key;
+  }
+  time_update_and_step(args, opt, up.seconds, st.seconds);
+  report.rows.push_back(up);
+  report.rows.push_back(st);
+  return {up, st};
+}
+
+/// The link numbers the planner would use (bidir_bps 0 when there are none) and what they are.
+struct PlanLink {
+  tier::LinkNumbers numbers;
+  std::string name;
+};
+
+PlanLink plan_link_numbers() {
+  PlanLink p;
+  try {
+    p.numbers = tier::resolve_link_numbers();
+    p.name = p.numbers.name + " (" + p.numbers.source + ")";
+  } catch (const std::exception& e) {
+    p.name = std::string("unavailable: ") + e.what();
+  }
+  return p;
+}
+
+/// gpu_link: state in pinned host memory, both link modes; each measured update against the
+/// plan's prediction.
+void run_gpu_link(const Args& args, Report& report, std::uint64_t n, const tier::LinkNumbers& L,
+                  const PlanLink& plan, nlohmann::json& predictions) {
+  const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / 24 B";
+  for (const optimizer::LinkMode mode : {optimizer::LinkMode::zero_copy, optimizer::LinkMode::dma}) {
+    const std::string m(optimizer::to_string(mode));
+    Setup s(n, optimizer::PathChoice::gpu_link, args.threads, mode);
+    const Row up = timed_rows(args, *s.opt, n, "gpu_link " + m + " update", "gpu_link " + m + " step (norm + update)",
+                              {24, L.bidir_bps / 24 / 1e9, link_basis, "torch_fused_cuda"}, report).first;
+    std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
+              << " Gparam/s (" << fmt(100 * up.fraction(), 1) << "% of the link roofline), "
+              << s.opt->num_chunks(0) << " chunks\n";
+    const double pred_run = tier::predict_optimizer_link_seconds(n, 0.0, L);
+    nlohmann::json p{{"params", n},
+                     {"link_mode", m},
+                     {"measured_update_s", up.seconds.median},
+                     {"predicted_s_with_this_runs_link_numbers", pred_run},
+                     {"measured_over_predicted_this_run", up.seconds.median / pred_run}};
+    std::string line = "plan prediction, gpu_link " + m + " " + human_params(n) + ": measured " +
+                       fmt(up.seconds.median, 4) + " s; predicted " + fmt(pred_run, 4) +
+                       " s with this run's link numbers (x" +
+                       fmt(up.seconds.median / pred_run, 2) + ")";
+    if (plan.numbers.bidir_bps > 0 || plan.numbers.kernel_read_bps > 0) {
+      const double pred_plan = tier::predict_optimizer_link_seconds(n, 0.0, plan.numbers);
+      p["predicted_s_with_plan_link_numbers"] = pred_plan;
+      p["plan_link_numbers"] = plan.name;
+      p["measured_over_predicted_plan"] = up.seconds.median / pred_plan;
+      line += ", " + fmt(pred_plan, 4) + " s with the plan's numbers " + plan.name + " (x" +
+              fmt(up.seconds.median / pred_plan, 2) + ")";
+    } else {
+      line += "; plan link numbers " + plan.name;
+    }
+    predictions.push_back(p);
+    report.notes.push_back(line);
+  }
+}
+
+/// device: all state in HBM; one region, then expert-sized regions at one launch per region
+/// against AdamWBatch's.
+void run_device(const Args& args, Report& report, std::uint64_t n, const tier::LinkNumbers& L) {
+  const double adamw_bytes = tier::adamw_bytes_per_param(2);  // bf16 gradient: 28 B
+  const Roof roof{adamw_bytes, L.hbm_bps / adamw_bytes / 1e9,
+                  "HBM copy " + fmt(L.hbm_bps / 1e9, 0) + " GB/s / " + fmt(adamw_bytes, 0) + " B", "torch_fused_cuda"};
+  auto device_rows = [&](optimizer::AdamW& opt, const std::string& what) {
+    const auto [up, st] =
+        timed_rows(args, opt, n, "device update" + what, "device step (norm + update)" + what, roof, report);
+    std::cout << up.path << " " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s ("
+              << fmt(100 * up.fraction(), 1) << "% of " << up.roof_basis << "); step " << fmt(st.gparams())
+              << " Gparam/s\n";
+  };
+  {
+    Setup s(n, optimizer::PathChoice::device, args.threads);
+    device_rows(*s.opt, "");
+  }
+  if (args.region_params > 0 && args.region_params < n) {
+    for (const int batch : {1, optimizer::kAdamWBatchSpans}) {
+      Setup s(n, optimizer::PathChoice::device, args.threads, optimizer::LinkMode::zero_copy, args.region_params,
+              batch);
+      device_rows(*s.opt, ", " + std::to_string(s.opt->num_regions()) + " regions of " +
+                              human_params(args.region_params) + ", GHT_OPT_BATCH=" + std::to_string(batch));
+    }
+  }
+}
+
+/// cpu path of the AdamW class: grads down and weights up through staging.
+void run_cpu_staged(const Args& args, Report& report, std::uint64_t n, double triad) {
+  const double adamw_bytes = tier::adamw_bytes_per_param(2);
+  Setup s(n, optimizer::PathChoice::cpu, args.threads);
+  const Row up = timed_rows(args, *s.opt, n, "cpu update (staged grad D2H + weight H2D)", "cpu step (norm + staged update)",
+                            {adamw_bytes, triad / adamw_bytes / 1e9,
+                             "triad " + fmt(triad / 1e9, 1) + " GB/s / " + fmt(adamw_bytes, 0) + " B",
+                             "torch_foreach_cpu"},
+                            report).first;
+  std::cout << "cpu (staged) " << human_params(n) << ": " << fmt(up.gparams())
+            << " Gparam/s\n";
+}
+
+/// accumulator pipeline: device bf16 gradients into fp32 host accumulators.
+void run_accumulate(const Args& args, Report& report, std::uint64_t n, const tier::LinkNumbers& L, double triad) {
+  DeviceBuffer src(n * 2);
+  fill_grad_kernel<<<full_grid(), 256>>>(static_cast<std::uint16_t*>(src.get()), n);
+  GHT_CUDA_CHECK_LAUNCH();
+  GHT_CUDA_TRY(cudaDeviceSynchronize());
+  HostArray<float> dst(n);
+  optimizer::zero_host(dst.data(), n * sizeof(float), args.threads);
+  optimizer::GradStreamAccumulator::Options o;
+  o.threads = args.threads;
+  optimizer::GradStreamAccumulator acc(o);
+  Row r;
+  r.path = "accumulate pipeline (bf16 D2H + add)";
+  r.params = n;
+  r.bytes_per_param = 12;
+  const double host_roof = triad / 12 / 1e9, link_roof = L.d2h_bps / 2 / 1e9;
+  r.roof_gparams = std::min(host_roof, link_roof);
+  r.roof_basis = host_roof <= link_roof ? "triad " + fmt(triad / 1e9, 1) + " GB/s / 12 B"
+                                        : "D2H " + fmt(L.d2h_bps / 1e9, 1) + " GB/s / 2 B";
+  r.seconds = time_runs(args.runs, [&] {
+    acc.run(dst.data(), src.get(), GradType::bf16, n, optimizer::AccumulateMode::add);
+  });
+  report.rows.push_back(r);
+  std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
+            << fmt(100 * r.fraction(), 1) << "% of " << r.roof_basis << ")\n";
+}
+
 void run_gpu(const Args& args, Report& report) {
   int dev = 0;
   GHT_CUDA_TRY(cudaGetDevice(&dev));
@@ -537,144 +689,16 @@ void run_gpu(const Args& args, Report& report) {
   GHT_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
   report.extra["gpu"] = {{"name", prop.name}, {"sms", prop.multiProcessorCount}};
   const tier::LinkNumbers L = measure_link(args, report);
-  tier::LinkNumbers plan_link;
-  std::string plan_link_name;
-  try {
-    plan_link = tier::resolve_link_numbers();
-    plan_link_name = plan_link.name + " (" + plan_link.source + ")";
-  } catch (const std::exception& e) {
-    plan_link_name = std::string("unavailable: ") + e.what();
-  }
+  const PlanLink plan = plan_link_numbers();
   const double triad = report.extra.contains("host_triad")
                            ? report.extra["host_triad"]["bytes_per_s"].get<double>()
                            : 0.0;
   nlohmann::json predictions = nlohmann::json::array();
-  const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / 24 B";
-  const double adamw_bytes = tier::adamw_bytes_per_param(2);  // bf16 gradient: 28 B
-  const std::string hbm_basis =
-      "HBM copy " + fmt(L.hbm_bps / 1e9, 0) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
-
   for (const std::uint64_t n : args.sizes) {
-    // ---- gpu_link: state in pinned host memory, both link modes -----------------------------
-    for (const optimizer::LinkMode mode : {optimizer::LinkMode::zero_copy, optimizer::LinkMode::dma}) {
-      const std::string m(optimizer::to_string(mode));
-      Setup s(n, optimizer::PathChoice::gpu_link, args.threads, mode);
-      Row up, st;
-      up.path = "gpu_link " + m + " update";
-      st.path = "gpu_link " + m + " step (norm + update)";
-      for (Row* r : {&up, &st}) {
-        r->params = n;
-        r->bytes_per_param = 24;
-        r->roof_gparams = L.bidir_bps / 24 / 1e9;
-        r->roof_basis = link_basis;
-        r->torch_key = "torch_fused_cuda";
-      }
-      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
-      report.rows.push_back(up);
-      report.rows.push_back(st);
-      std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
-                << " Gparam/s (" << fmt(100 * up.fraction(), 1) << "% of the link roofline), "
-                << s.opt->num_chunks(0) << " chunks\n";
-      const double pred_run = tier::predict_optimizer_link_seconds(n, 0.0, L);
-      nlohmann::json p{{"params", n},
-                       {"link_mode", m},
-                       {"measured_update_s", up.seconds.median},
-                       {"predicted_s_with_this_runs_link_numbers", pred_run},
-                       {"measured_over_predicted_this_run", up.seconds.median / pred_run}};
-      std::string line = "plan prediction, gpu_link " + m + " " + human_params(n) + ": measured " +
-                         fmt(up.seconds.median, 4) + " s; predicted " + fmt(pred_run, 4) +
-                         " s with this run's link numbers (x" +
-                         fmt(up.seconds.median / pred_run, 2) + ")";
-      if (plan_link.bidir_bps > 0 || plan_link.kernel_read_bps > 0) {
-        const double pred_plan = tier::predict_optimizer_link_seconds(n, 0.0, plan_link);
-        p["predicted_s_with_plan_link_numbers"] = pred_plan;
-        p["plan_link_numbers"] = plan_link_name;
-        p["measured_over_predicted_plan"] = up.seconds.median / pred_plan;
-        line += ", " + fmt(pred_plan, 4) + " s with the plan's numbers " + plan_link_name + " (x" +
-                fmt(up.seconds.median / pred_plan, 2) + ")";
-      } else {
-        line += "; plan link numbers " + plan_link_name;
-      }
-      predictions.push_back(p);
-      report.notes.push_back(line);
-    }
-    // ---- device: all state in HBM; one region, then expert-sized regions at one launch per
-    // region against AdamWBatch's ------------------------------------------------------------
-    auto device_rows = [&](optimizer::AdamW& opt, const std::string& what) {
-      Row up, st;
-      up.path = "device update" + what;
-      st.path = "device step (norm + update)" + what;
-      for (Row* r : {&up, &st}) {
-        r->params = n;
-        r->bytes_per_param = adamw_bytes;
-        r->roof_gparams = L.hbm_bps / adamw_bytes / 1e9;
-        r->roof_basis = hbm_basis;
-        r->torch_key = "torch_fused_cuda";
-      }
-      time_update_and_step(args, opt, up.seconds, st.seconds);
-      report.rows.push_back(up);
-      report.rows.push_back(st);
-      std::cout << up.path << " " << human_params(n) << ": " << fmt(up.gparams()) << " Gparam/s ("
-                << fmt(100 * up.fraction(), 1) << "% of " << up.roof_basis << "); step " << fmt(st.gparams())
-                << " Gparam/s\n";
-    };
-    {
-      Setup s(n, optimizer::PathChoice::device, args.threads);
-      device_rows(*s.opt, "");
-    }
-    if (args.region_params > 0 && args.region_params < n) {
-      for (const int batch : {1, optimizer::kAdamWBatchSpans}) {
-        Setup s(n, optimizer::PathChoice::device, args.threads, optimizer::LinkMode::zero_copy, args.region_params,
-                batch);
-        device_rows(*s.opt, ", " + std::to_string(s.opt->num_regions()) + " regions of " +
-                                human_params(args.region_params) + ", GHT_OPT_BATCH=" + std::to_string(batch));
-      }
-    }
-    // ---- cpu path of the AdamW class: grads down and weights up through staging ----------------
-    if (triad > 0) {
-      Setup s(n, optimizer::PathChoice::cpu, args.threads);
-      Row up, st;
-      up.path = "cpu update (staged grad D2H + weight H2D)";
-      st.path = "cpu step (norm + staged update)";
-      for (Row* r : {&up, &st}) {
-        r->params = n;
-        r->bytes_per_param = adamw_bytes;
-        r->roof_gparams = triad / adamw_bytes / 1e9;
-        r->roof_basis = "triad " + fmt(triad / 1e9, 1) + " GB/s / " + fmt(adamw_bytes, 0) + " B";
-        r->torch_key = "torch_foreach_cpu";
-      }
-      time_update_and_step(args, *s.opt, up.seconds, st.seconds);
-      report.rows.push_back(up);
-      report.rows.push_back(st);
-      std::cout << "cpu (staged) " << human_params(n) << ": " << fmt(up.gparams())
-                << " Gparam/s\n";
-    }
-    // ---- accumulator pipeline: device bf16 gradients into fp32 host accumulators -------------
-    if (triad > 0) {
-      DeviceBuffer src(n * 2);
-      fill_grad_kernel<<<full_grid(), 256>>>(static_cast<std::uint16_t*>(src.get()), n);
-      GHT_CUDA_CHECK_LAUNCH();
-      GHT_CUDA_TRY(cudaDeviceSynchronize());
-      HostArray<float> dst(n);
-      optimizer::zero_host(dst.data(), n * sizeof(float), args.threads);
-      optimizer::GradStreamAccumulator::Options o;
-      o.threads = args.threads;
-      optimizer::GradStreamAccumulator acc(o);
-      Row r;
-      r.path = "accumulate pipeline (bf16 D2H + add)";
-      r.params = n;
-      r.bytes_per_param = 12;
-      const double host_roof = triad / 12 / 1e9, link_roof = L.d2h_bps / 2 / 1e9;
-      r.roof_gparams = std::min(host_roof, link_roof);
-      r.roof_basis = host_roof <= link_roof ? "triad " + fmt(triad / 1e9, 1) + " GB/s / 12 B"
-                                            : "D2H " + fmt(L.d2h_bps / 1e9, 1) + " GB/s / 2 B";
-      r.seconds = time_runs(args.runs, [&] {
-        acc.run(dst.data(), src.get(), GradType::bf16, n, optimizer::AccumulateMode::add);
-      });
-      report.rows.push_back(r);
-      std::cout << r.path << " " << human_params(n) << ": " << fmt(r.gparams()) << " Gparam/s ("
-                << fmt(100 * r.fraction(), 1) << "% of " << r.roof_basis << ")\n";
-    }
+    run_gpu_link(args, report, n, L, plan, predictions);
+    run_device(args, report, n, L);
+    if (triad > 0) run_cpu_staged(args, report, n, triad);
+    if (triad > 0) run_accumulate(args, report, n, L, triad);
   }
   report.extra["prediction"] = predictions;
   if (args.beside_params > 0) run_beside(args, report);
@@ -692,13 +716,7 @@ void run_gpu(const Args& args, Report& report) {
 
 int main(int argc, char** argv) {
   using namespace ght::bench;
-  Args args;
-  int rc = 0;
-  if (!parse_args(argc, argv, args, rc)) return rc;
-  try {
-    Report report;
-    report.extra["build"] = "cuda";
-    if (!args.skip_cpu) run_cpu(args, report);
+  return bench_main(argc, argv, "cuda", [](const Args& args, Report& report) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       (void)cudaGetLastError();
@@ -706,9 +724,5 @@ int main(int argc, char** argv) {
     } else if (!args.skip_gpu) {
       run_gpu(args, report);
     }
-    return finish(args, report);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_optimizer: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }
