@@ -32,7 +32,8 @@ with open(d + "/log.jsonl", "w") as f:
                       "classes": {"weight": {"current": 2**30}}}})
         w({"type": "profile", "step": s, "wall_ms": 100.0 if s == 1 else 40.0,
            "forward_ms": 90.0 if s == 1 else 10.0, "backward_ms": 20.0, "opt_exposed_ms": 5.0,
-           "opt_stall_ms": 3.0, "step_gap_ms": 2.0})
+           "opt_stall_ms": 3.0, "step_gap_ms": 2.0,
+           "predicted": {"forward_ms": 12.0, "backward_ms": 24.0, "opt_exposed_ms": 0.0, "wall_ms": 36.0}})
         if s == 3:  # a resume re-logs step 3: the later record wins
             w({"type": "step", "step": 3, "loss": 4.0, "tokens_per_s": 41000, "mfu": 0.45, "elapsed_s": 3})
         if s % 3 == 0:
@@ -144,6 +145,8 @@ if table:
     check(row["gpu"]["forward_ms"] == "10.00", f"median forward_ms {row['gpu']['forward_ms']}, want 10.00")
     check(row["gpu"]["wall_ms"] == "40.00", f"median wall_ms {row['gpu']['wall_ms']}, want 40.00")
     check(row["a"]["forward_ms"] == "–", f"run a has no profile: {row['a']['forward_ms']}")
+    check(row["gpu"].get("predicted backward_ms") == "24.00",
+          f"the plan's predicted backward beside the measured one: {row['gpu'].get('predicted backward_ms')}")
 check("1 line(s) that are not JSON objects were skipped" in text, "the torn line is not reported")
 check("bench-h200 (cuda)" in text, "the model from the config record is missing")
 

@@ -437,7 +437,8 @@ double median(std::vector<double> v) {
 }
 
 /// Median of every numeric *_ms field over a run's profiled steps, leaving out the first step
-/// (warm-up: allocation, autotuning) when there are others.
+/// (warm-up: allocation, autotuning) when there are others; the plan's predicted phases as
+/// "predicted <field>".
 std::map<std::string, double> phase_medians(const Run& run) {
   std::map<std::string, std::vector<double>> vals;
   bool first = true;
@@ -449,6 +450,14 @@ std::map<std::string, double> phase_medians(const Run& run) {
     first = false;
     for (const auto& [k, v] : rec.items()) {
       if (k.ends_with("_ms") && v.is_number() && std::isfinite(v.get<double>())) vals[k].push_back(v.get<double>());
+    }
+    // The plan's prediction of each phase, beside the measured one (ght train's "predicted").
+    if (const auto p = rec.find("predicted"); p != rec.end() && p->is_object()) {
+      for (const auto& [k, v] : p->items()) {
+        if (k.ends_with("_ms") && v.is_number() && std::isfinite(v.get<double>())) {
+          vals["predicted " + k].push_back(v.get<double>());
+        }
+      }
     }
   }
   std::map<std::string, double> m;
