@@ -11,7 +11,8 @@
 # GHTIER_PY_VENV (default .venv-py), PYTHON (the interpreter that creates the venv, default
 # python3), GHTIER_PY_PIP_ARGS (extra `pip install .` arguments, e.g.
 # "-C cmake.define.GHT_ENABLE_CUDA=OFF"), GHTIER_PY_TORCH_TIMEOUT (seconds for PyTorch's install,
-# default 1800: PyPI's torch brings the CUDA wheels, a few GB).
+# default 1800: PyPI's torch brings the CUDA wheels, a few GB), GHTIER_PY_CUDA=off (no CUDA in
+# the extension).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -43,6 +44,9 @@ if command -v ccache >/dev/null; then
 fi
 # shellcheck disable=SC2206 # word splitting of the extra arguments is intended
 extra=(${GHTIER_PY_PIP_ARGS:-})
+# GHTIER_PY_CUDA=off builds the extension without CUDA (the CPU tests need none).
+cuda_define=cmake.define.GHT_ENABLE_CUDA  # a CMake option of the project, not a GHT_* variable
+[ "${GHTIER_PY_CUDA:-on}" = off ] && extra+=(-C "$cuda_define=OFF")
 say "pip install . (build-python/$(basename "$venv"))"
 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   timeout 1800 nice -n 5 "$py" -m pip install -q "${args[@]}" "${extra[@]}" .

@@ -14,9 +14,7 @@ if [ "${TEST_PYTHON:-1}" = 0 ]; then
   echo "test.sh: Python package tests skipped (TEST_PYTHON=0)"
 else
   # Without a GPU the package's tests are its CPU ones: build the extension without CUDA (faster).
-  if ! command -v nvidia-smi >/dev/null 2>&1 && [ -z "${GHTIER_PY_PIP_ARGS:-}" ]; then
-    export GHTIER_PY_PIP_ARGS="-C cmake.define.GHT_ENABLE_CUDA=OFF"
-  fi
+  if ! command -v nvidia-smi >/dev/null 2>&1; then export GHTIER_PY_CUDA=${GHTIER_PY_CUDA:-off}; fi
   scripts/test-python.sh
 fi
 if [ "${TEST_AARCH64:-1}" = 0 ]; then

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "tier/config.hpp"
-#include "tier/log.hpp"
 #include "trainer/cuda/op_costs.hpp"  // Roofline (pure C++)
 
 namespace ght::trainer {
@@ -112,13 +111,19 @@ DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, c
   if (!d.search.chosen) throw tier::plan_refused(refusal(cfg, base, scope, measured, d.search));
   const tier::Candidate& best = d.search.best();
   for (const auto& [option, value] : best.settings) config::cfg().set_planned(option, value);
-  for (const tier::Price& p : best.inexact) log::info("plan: inexact choice taken: " + p.describe());
+  for (const tier::Price& p : best.inexact) d.taken.push_back("inexact choice taken: " + p.describe());
   d.model = plan_settings(cfg, base, scope.ranks, measured);
+  const tier::Plan& p = d.model.plan;
+  std::vector<std::string> notes = p.notes();
+  notes.insert(notes.end(), d.taken.begin(), d.taken.end());
+  d.model.plan = tier::Plan(p.options(), p.regions(), p.decisions(), p.prediction(), std::move(notes));
   return d;
 }
 
 std::string DecidedPlan::table(const ModelConfig& cfg) const {
-  return tier::format_search(search, static_cast<double>(cfg.tokens_per_step()), plan_peak_flops());
+  std::string t = tier::format_search(search, static_cast<double>(cfg.tokens_per_step()), plan_peak_flops());
+  for (const std::string& line : taken) t += "  " + line + "\n";
+  return t;
 }
 
 }  // namespace ght::trainer

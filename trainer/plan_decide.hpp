@@ -45,7 +45,11 @@ struct PlanScope {
 struct DecidedPlan {
   tier::SearchResult search;
   ModelPlan model;
-  /// The search's table (format_search), for ght plan and the run's log.
+  /// "inexact choice taken: <what and its price>", one per inexact setting of the choice (also
+  /// among the plan's notes): the run's log says them.
+  std::vector<std::string> taken;
+  /// The search's table (format_search) and the inexact choices taken, for ght plan and the
+  /// run's log.
   [[nodiscard]] std::string table(const ModelConfig& cfg) const;
 };
 

@@ -59,7 +59,9 @@ void check_against_reference(bool bf16) {
       buf[i] = 0.9f * buf[i] + d;                 // torch: buf.mul_(momentum).add_(grad)
       g[i] = g[i] - 0.7f * (d + 0.9f * buf[i]);  // grad.add(buf, alpha=momentum); p.add_(grad, alpha=-lr)
     }
-    EXPECT_NEAR(norm, std::sqrt(sq), 1e-12 * std::sqrt(sq)) << "outer step " << s;
+    // A few fp32 roundings per step: where the compiler contracts the update into FMAs (aarch64),
+    // the parameters drift from this unfused reference by an ulp, and the next norm by ~1e-8.
+    EXPECT_NEAR(norm, std::sqrt(sq), 1e-6 * std::sqrt(sq)) << "outer step " << s;
     EXPECT_EQ(o.last_allreduce_bytes(), n * (bf16 ? 2 : 4)) << "bf16 pseudo-gradients go as 2 bytes each";
     for (std::size_t i = 0; i < n; ++i) {
       ASSERT_NEAR(o.global()[i], g[i], 1e-7f) << "outer step " << s << " parameter " << i;
