@@ -20,7 +20,9 @@
 #include "common/registry.hpp"
 #include "tier/budget.hpp"
 #include "tier/config.hpp"
+#include "tier/detail/topology_detail.hpp"
 #include "tier/link.hpp"
+#include "tier/topology.hpp"
 
 namespace ght::trainer {
 namespace {
@@ -219,6 +221,46 @@ TEST_F(PlanDecide, AUserSettingIsNeverOverriddenAndADelayOutsideTheNoiseIsTakenO
   const auto dims = plan_dimensions(none, PlanScope{});
   ASSERT_EQ(dims.size(), 1u);
   EXPECT_EQ(dims[0].option, "GHT_OPT_STATE");
+}
+
+// The GH200 as its topology fixture describes it (tests/data/gh200-topology.xml through hwloc's
+// XML import, with the CUDA attributes a GH200 reports): the plan's capacities come from that
+// topology, not from the gh200 profile's nominal figures, and seed-21b at 1M tokens/step keeps
+// fp32 state on the Grace node, as in the seed.
+TEST_F(PlanDecide, TheGh200TopologyFixtureGivesTheCapacitiesAndThePlanKeepsFp32StateOnTheHost) {
+  tier::GpuInfo g;
+  g.name = "NVIDIA GH200 480GB";
+  g.pci_bus_id = "0009:01:00.0";
+  g.sm_count = 132;
+  g.cc_major = 9;
+  g.hbm_total_bytes = 102005473280;
+  g.pageable_memory_access = g.pageable_uses_host_page_tables = g.host_native_atomics = true;
+  g.concurrent_managed_access = g.can_use_host_pointer_for_registered_mem = true;
+  g.memory_numa_node = 1;
+  g.driver_host_numa_node = 0;
+  const tier::Topology t = tier::detail::topology_from_hwloc_xml(
+      std::string(GHT_SOURCE_DIR) + "/tests/data/gh200-topology.xml", {g});
+  ASSERT_EQ(t.link, LinkKind::c2c);
+  tier::Capacities caps;
+  caps.origin = "gh200 topology fixture";
+  caps.hbm_total = caps.hbm_free = t.capacity(TierKind::hbm);
+  caps.host_total = caps.host_available = t.capacity(TierKind::host);
+  EXPECT_GT(caps.host_total, 400ull << 30);  // the Grace node's LPDDR5X, not the HBM node's 95 GiB
+  const ModelConfig c = at_tokens("seed-21b", 1 << 20);
+  config::cfg() = registry_with({"GHT_PLAN_LEDGER=" + ledger_.string()});
+  const tier::PlanOptions o =
+      tier::plan_options_from_config(config::cfg(), tier::builtin_profile("gh200"), caps, model_step_flops(c));
+  const DecidedPlan d = decide_plan(c, o, PlanScope{});
+  SCOPED_TRACE(d.table(c));
+  const tier::Plan& p = d.model.plan;
+  for (std::size_t i = 0; i < p.regions().size(); ++i) {
+    if (p.regions()[i].cls == TensorClass::master) {
+      EXPECT_EQ(p.decisions()[i].tier, TierKind::host) << p.regions()[i].name;
+    }
+  }
+  EXPECT_EQ(config::cfg().get_string(config::Key::GHT_OPT_STATE), "fp32");  // q8 would gain under 1%
+  EXPECT_LE(p.prediction().host_bytes, o.budgets.host);
+  EXPECT_LE(p.prediction().hbm_bytes, o.budgets.hbm);
 }
 
 }  // namespace
