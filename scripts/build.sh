@@ -21,7 +21,9 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
-  # ccache only when it is installed: a rebuild in another checkout reuses the objects.
+  # ccache only when it is installed: a rebuild in another checkout reuses the objects (paths
+  # relative to the checkout, CCACHE_BASEDIR).
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake --preset release "${launcher[@]}" "${cmake_args[@]}" >/dev/null

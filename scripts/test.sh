@@ -7,6 +7,9 @@
 # TEST_PYTHON=0 and TEST_AARCH64=0 skip those two parts (each says so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Compiler-cache entries keyed by paths relative to the checkout: a fresh clone in another folder
+# reuses what an earlier build compiled (ccache, where installed; every build below uses it).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 scripts/install-deps.sh
 scripts/build.sh
 ctest --test-dir build --output-on-failure -j "${TEST_JOBS:-$(nproc)}" --timeout 900 "$@"
