@@ -15,3 +15,12 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+expect_in() {  # expect_in FILE TEXT
+  grep -qF -- "$2" "$1" || { fail "expected '$2' in $1:"; sed 's/^/    /' "$1" >&2; }
+}
+# must_fail NAME -- command...: non-zero exit, no source location in what it says; stderr in $TMP/err
+must_fail() {
+  local name=$1; shift; shift
+  if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "$name: exited 0"; fi
+  if grep -qE '\.(cpp|hpp|cu):[0-9]+' "$TMP/err"; then fail "$name: source location in a user message: $(cat "$TMP/err")"; fi
+}

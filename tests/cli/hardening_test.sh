@@ -5,15 +5,6 @@
 # messages without source locations (kept for GHT_LOG_LEVEL=debug).
 #   bash tests/cli/hardening_test.sh <path-to-ght> <project-root>
 source "$(dirname "$0")/check_common.sh" "$@"
-expect_in() {  # expect_in FILE TEXT
-  grep -qF -- "$2" "$1" || { fail "expected '$2' in $1:"; sed 's/^/    /' "$1" >&2; }
-}
-# must_fail NAME -- command...: non-zero exit; stderr in $TMP/err
-must_fail() {
-  local name=$1; shift; shift
-  if "$@" >"$TMP/out" 2>"$TMP/err"; then fail "$name: exited 0"; fi
-  if grep -qE '\.(cpp|hpp|cu):[0-9]+' "$TMP/err"; then fail "$name: source location in a user message: $(cat "$TMP/err")"; fi
-}
 
 # ---- typos -------------------------------------------------------------------------------------
 must_fail "ght trian" -- "$GHT" trian
