@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The plan deciding alone, on the GPU machine: each run sets no tuning option (no GHT_* other than
+# GHT_SAVE_CHECKPOINTS=off, which skips the final checkpoint write), so precision, accumulation,
+# delay and placement are what `ght plan` chose. For each case: `ght plan` on the probed machine
+# (the decision table), then `ght train` with every step profiled; the run's log prints predicted
+# against measured forward, backward, exposed update and step, and names any phase off by >10%.
+#
+#   bash bench/trainer/plan_noknobs.sh GHT_BIN OUT_DIR [CASE ...]
+# Cases (default: seed262k bench64k 14l64k):
+#   seed262k  seed-21b, 64 micro-batches of 4,096 tokens (262k tokens/step), 4 steps
+#   seed1m    seed-21b, 256 micro-batches (1M tokens/step), 3 steps
+#   bench64k  bench-h200 (10 layers, 5.85B), 16 micro-batches (64k tokens/step), 4 steps
+#   14l64k    bench-h200-14l (7.94B), 16 micro-batches (64k tokens/step), 4 steps
+# Output: OUT_DIR/<case>.plan.txt, <case>.log, <case>.profile.json. Data: random tokens
+# (bench/make_bench_data.sh): throughput only.
+set -uo pipefail
+GHT=${1:?usage: plan_noknobs.sh GHT_BIN OUT_DIR [CASE ...]}
+OUT_DIR=${2:?usage: plan_noknobs.sh GHT_BIN OUT_DIR [CASE ...]}
+shift 2
+cd "$(dirname "$0")/../.."
+mkdir -p "$OUT_DIR"
+cases=("$@")
+[ ${#cases[@]} -eq 0 ] && cases=(seed262k bench64k 14l64k)
+bash bench/make_bench_data.sh "$GHT" || exit 1
+fail=0
+for c in "${cases[@]}"; do
+  case $c in
+    seed262k) args=(--model seed-21b -o model.grad_accum=64); steps=4; limit=420 ;;
+    seed1m) args=(--model seed-21b -o model.grad_accum=256); steps=3; limit=540 ;;
+    bench64k) args=(--model bench-h200 -o model.grad_accum=16); steps=4; limit=240 ;;
+    14l64k) args=(--model bench-h200-14l -o model.grad_accum=16); steps=4; limit=300 ;;
+    *) echo "unknown case '$c' (seed262k, seed1m, bench64k, 14l64k)"; fail=1; continue ;;
+  esac
+  echo "=== $c $(date -u +%T): ght plan ${args[*]}"
+  timeout 120 "$GHT" plan "${args[@]}" 2>&1 | tee "$OUT_DIR/$c.plan.txt"
+  run=build-gpu/train-runs/noknobs-$c
+  echo "=== $c $(date -u +%T): ght train --config configs/bench-h200.toml ${args[*]} --steps $steps --profile-steps $steps"
+  GHT_SAVE_CHECKPOINTS=off timeout "$limit" "$GHT" train --config configs/bench-h200.toml "${args[@]}" \
+    --out "$run" --overwrite --steps "$steps" --profile-steps "$steps" 2>&1 | tee "$OUT_DIR/$c.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "FAIL: $c exited $rc"; fail=1; }
+  cp "$run/profile.json" "$OUT_DIR/$c.profile.json" 2>/dev/null
+  echo "=== $c done $(date -u +%T) rc=$rc"
+done
+exit $fail
