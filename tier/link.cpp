@@ -140,6 +140,16 @@ LinkNumbers builtin_profile(const std::string& name) {
 
 LinkNumbers builtin_profile_for(LinkKind kind) { return builtin_profile(profile_for_kind(kind)); }
 
+std::string host_triad_origin(const LinkNumbers& n) {
+  if (n.source.starts_with("builtin")) {
+    if (n.name == "gh200") return "Grace LPDDR5X STREAM triad, Schieffer et al., arXiv 2407.07850";
+    if (n.name == "pcie5") return "the x86 host of an H200, measured (shared/HARDWARE.md)";
+    return "none: the profile has no host figure";
+  }
+  if (n.source == "probe" || n.source.starts_with("cache:")) return "measured on this host by `ght info --probe`";
+  return n.source;
+}
+
 // ---- JSON ---------------------------------------------------------------------------------------
 std::string LinkNumbers::to_json() const {
   ojson j;

@@ -32,6 +32,10 @@ struct LinkNumbers {
   static LinkNumbers from_json(const std::string& text, const std::string& origin);
 };
 
+/// Where `n.host_triad_bps` comes from, in words a plan can print: the public measurement behind
+/// a built-in profile (with its citation), or the probe, cache or file that supplied it.
+std::string host_triad_origin(const LinkNumbers& n);
+
 /// Built-in profiles: "gh200", "pcie5", "none". Throws ght::logic_error for other names.
 LinkNumbers builtin_profile(const std::string& name);
 

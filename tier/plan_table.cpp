@@ -182,13 +182,16 @@ std::string Plan::format_table(bool explain) const {
     // A prediction only: the optimizer runs one path per region (cost_model.hpp).
     const UpdateSplit u = predict_update_split(state, o.link);
     const double n = static_cast<double>(state.params_grad_hbm + state.params_grad_host);
+    const double bytes = adamw_bytes_per_param(kHostGradBytes, state.state_bytes_per_param);
     os << "  update split  " << num(n / 1e9, 2) << "B host-state params: all over the link "
        << secs(u.all_link_seconds) << ", all on the host cores " << secs(u.all_cpu_seconds)
        << ", best " << num(100 * u.cpu_fraction, 1) << "% on the host cores " << secs(u.seconds)
        << " (limit " << u.limit << ")\n"
-       << "                (prediction; CPU AdamW at host triad / "
-       << num(adamw_bytes_per_param(kHostGradBytes, state.state_bytes_per_param), 0)
-       << " B, host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
+       << "                (prediction; CPU AdamW at host triad " << num(o.link.host_triad_bps / 1e9, 0)
+       << " GB/s / " << num(bytes, 0) << " B = " << num(o.link.host_triad_bps / bytes / 1e9, 1)
+       << " Gparam/s, memory-bound;\n"
+       << "                triad from " << host_triad_origin(o.link) << ";\n"
+       << "                host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
        << "                both paths at once at this share, GHT_OPT_CPU_SHARE forces another)\n";
   }
   os << "  recompute     " << secs(p.recompute_seconds) << "\n"

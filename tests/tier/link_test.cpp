@@ -182,6 +182,18 @@ TEST(LinkJson, NameAndSourceDefaultToTheOrigin) {
   EXPECT_EQ(n.source, "file:/etc/ght/site.json");
 }
 
+TEST(LinkProfiles, HostTriadOriginNamesItsSource) {
+  // The plan prints where its CPU AdamW rate comes from: the Grace figure cites its measurement.
+  EXPECT_NE(ght::tier::host_triad_origin(ght::tier::builtin_profile("gh200")).find("arXiv 2407.07850"), std::string::npos);
+  EXPECT_NE(ght::tier::host_triad_origin(ght::tier::builtin_profile("pcie5")).find("measured"), std::string::npos);
+  ght::tier::LinkNumbers cached = ght::tier::builtin_profile("pcie5");
+  cached.source = "cache:/tmp/x.json";
+  EXPECT_NE(ght::tier::host_triad_origin(cached).find("this host"), std::string::npos);
+  ght::tier::LinkNumbers file = ght::tier::builtin_profile("pcie5");
+  file.source = "file:my-link.json";
+  EXPECT_EQ(ght::tier::host_triad_origin(file), "file:my-link.json");
+}
+
 TEST(LinkJson, RejectsMissingFieldsNamingThem) {
   for (const char* f : kFieldNames) {
     auto j = valid_profile();
