@@ -145,16 +145,30 @@ _TORCH_GROUP_KEYS = dict(amsgrad=False, maximize=False, foreach=None, capturable
                          differentiable=False, fused=None, decoupled_weight_decay=True)
 
 
-def _resolve_path(path: str) -> str:
+def _resolve_path(path: str, params: List[torch.Tensor], core: Any) -> str:
+    """The update path: "cpu" (host AdamW), "gpu_link" (GPU kernel, state in host memory read
+    over the link) or "device" (GPU kernel, state in HBM). "auto": gpu_link when every parameter
+    is a CUDA tensor and ghtier was built with CUDA, else cpu."""
     if path not in _PATHS:
         raise ValueError(f"ghtier.torch.AdamW: path {path!r} is not one of {', '.join(_PATHS)}")
+    on_cuda = [p.device.type == "cuda" for p in params]
+    if path == "auto":
+        fits = all(p.dtype in (torch.float32, torch.bfloat16) and p.is_contiguous() for p in params)
+        return "gpu_link" if on_cuda and all(on_cuda) and fits and core.has_cuda else "cpu"
     if path in ("gpu_link", "device"):
-        raise NotImplementedError(
-            f"ghtier.torch.AdamW(path={path!r}) is not implemented: the Python binding carries "
-            "only ghtier's host AdamW (its GPU kernels live in libghtier.so, which would bring "
-            "cuBLAS and cuDNN into PyTorch's process). Use path='cpu' or 'auto', or the C++ "
-            f"trainer (GHT_OPTIMIZER={path})")
-    return "cpu"  # auto: the cpu path, with or without a GPU (see python/README.md)
+        if not core.has_cuda:
+            raise RuntimeError(f"ghtier.torch.AdamW(path={path!r}) needs ghtier built with CUDA "
+                               "(nvcc at `pip install .`); use path='cpu'")
+        bad = [i for i, cuda in enumerate(on_cuda) if not cuda]
+        if bad:
+            raise ValueError(f"ghtier.torch.AdamW(path={path!r}) updates CUDA parameters only; "
+                             f"parameters {bad[:8]} are on the CPU (use path='cpu' for them)")
+        bad = [i for i, p in enumerate(params)
+               if p.dtype not in (torch.float32, torch.bfloat16) or not p.is_contiguous()]
+        if bad:
+            raise ValueError(f"ghtier.torch.AdamW(path={path!r}): parameters {bad[:8]} are not "
+                             "contiguous float32 or bfloat16 tensors (the kernel writes them in place)")
+    return path
 
 
 class AdamW(torch.optim.Optimizer):
@@ -170,8 +184,11 @@ class AdamW(torch.optim.Optimizer):
     Args (beyond torch's lr, betas, eps, weight_decay):
       state: element type of m and v: "fp32" (as torch), "bf16" (m rounded to nearest, v
         stochastically) or "q8" (8-bit blockwise codes); see optimizer/README.md.
-      path: "auto" or "cpu" run the host AdamW; "gpu_link" and "device" raise
-        NotImplementedError (see python/README.md).
+      path: "cpu" runs the host AdamW (gradients copied to host memory, weights copied back);
+        "gpu_link" runs ghtier's GPU kernel on CUDA parameters with master/m/v in host memory,
+        read and written over the link by the kernel (no separate copies; asynchronous on the
+        current stream); "device" runs the same kernel with the state in HBM; "auto" (default)
+        is gpu_link for CUDA parameters in a CUDA build, else cpu.
       max_grad_norm: None (default, as torch: no clipping) or a float > 0: gradients are
         scaled by min(1, max_grad_norm / (norm + 1e-6)), norm being the global L2 norm over
         every parameter of this optimizer (as clip_grad_norm_ computes it, summed in double).
@@ -203,7 +220,6 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"ghtier.torch.AdamW: state {state!r} is not one of {', '.join(_STATES)}")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"ghtier.torch.AdamW: max_grad_norm must be None or > 0, got {max_grad_norm}")
-        self.path = _resolve_path(path)
         self.state_type = state
         self.max_grad_norm = max_grad_norm
         self.skip_nonfinite = bool(skip_nonfinite)
@@ -216,6 +232,7 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         **_TORCH_GROUP_KEYS)
         super().__init__(params, defaults)
+        self.path = _resolve_path(path, self._flat_params(), self._core)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -233,17 +250,34 @@ class AdamW(torch.optim.Optimizer):
         size = torch.empty((), dtype=dtype).element_size()
         return self._host(n * size, cls)[: n * size].view(dtype).view(p.shape)
 
+    def _state_bytes(self, p: torch.Tensor, nbytes: int, cls: int) -> torch.Tensor:
+        """State storage where the path keeps it: HBM beside p (device), else ghtier's host
+        tier, which the gpu_link kernel must be able to reach (pinned and mapped)."""
+        if self.path == "device":
+            return torch.empty(max(int(nbytes), 1), dtype=torch.uint8, device=p.device)
+        t = self._host(nbytes, cls)
+        if self.path == "gpu_link" and not self._core.gpu_reachable(t.data_ptr()):
+            raise RuntimeError("ghtier.torch.AdamW(path='gpu_link'): ghtier's host memory is not "
+                               "pinned, so the GPU cannot read it; unset GHT_HOST_MEMORY (or set it "
+                               "to 'pinned'), or use path='cpu'")
+        return t
+
+    def _state_like(self, p: torch.Tensor, dtype: torch.dtype, cls: int) -> torch.Tensor:
+        n = p.numel()
+        size = torch.empty((), dtype=dtype).element_size()
+        return self._state_bytes(p, n * size, cls)[: n * size].view(dtype).view(p.shape)
+
     def _new_moment(self, p: torch.Tensor, is_v: bool) -> torch.Tensor:
         cls = self._core.CLASS_ADAM_V if is_v else self._core.CLASS_ADAM_M
         if self.state_type == "q8":
-            rec = self._host(self._core.state_bytes("q8", p.numel()), cls)
+            rec = self._state_bytes(p, self._core.state_bytes("q8", p.numel()), cls)
             return rec.zero_()  # codes 0 with scale 0: every value 0
         dtype = torch.float32 if self.state_type == "fp32" else torch.bfloat16
-        return self._host_like(p, dtype, cls).zero_()
+        return self._state_like(p, dtype, cls).zero_()
 
-    @staticmethod
-    def _master_is_param(p: torch.Tensor) -> bool:
-        return p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous()
+    def _master_is_param(self, p: torch.Tensor) -> bool:
+        where = "cuda" if self.path == "device" else "cpu"
+        return p.device.type == where and p.dtype == torch.float32 and p.is_contiguous()
 
     def _ensure_bufs(self, p: torch.Tensor) -> Dict[str, torch.Tensor]:
         bufs = self._bufs.get(p)
@@ -256,7 +290,7 @@ class AdamW(torch.optim.Optimizer):
         elif "master" in st:
             bufs["master"] = st["master"]
         else:
-            master = self._host_like(p, torch.float32, self._core.CLASS_MASTER)
+            master = self._state_like(p, torch.float32, self._core.CLASS_MASTER)
             master.copy_(p.detach())
             bufs["master"] = master
             if p.dtype != torch.float32:
@@ -283,9 +317,14 @@ class AdamW(torch.optim.Optimizer):
                     bufs["master"].copy_(p.detach())
 
     def _wait_uploads(self) -> None:
+        """Wait for what still reads or writes the state: the cpu path's weight uploads, and the
+        GPU paths' kernels (queued asynchronously), before the host touches master, m or v."""
         for ev in self._uploads:
             ev.synchronize()
         self._uploads.clear()
+        if self.path != "cpu":
+            for dev in {p.device for p in self._bufs}:
+                torch.cuda.synchronize(dev)
 
     # ---- the step ----------------------------------------------------------------------------
     def _host_grad(self, p: torch.Tensor, bufs: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, str]:
@@ -302,6 +341,30 @@ class AdamW(torch.optim.Optimizer):
         stage.copy_(g, non_blocking=True)
         return stage, kind
 
+    @staticmethod
+    def _gpu_grad(p: torch.Tensor) -> Tuple[torch.Tensor, str]:
+        g = p.grad
+        if g.is_sparse:
+            raise RuntimeError("ghtier.torch.AdamW does not support sparse gradients")
+        if g.device != p.device:
+            raise RuntimeError(f"ghtier.torch.AdamW: a gradient is on {g.device}, its parameter on {p.device}")
+        if g.dtype not in (torch.float32, torch.bfloat16):
+            g = g.float()
+        return g.contiguous(), "bf16" if g.dtype == torch.bfloat16 else "fp32"
+
+    def _grad_sumsq(self, work: list) -> float:
+        """Sum of squares of every gradient, in double: on the host (deterministic for any thread
+        count) for the cpu path, from per-tensor fp32 norms on the GPU for the GPU paths."""
+        if self.path == "cpu":
+            return sum(self._core.grad_sumsq(g.data_ptr(), kind, p.numel(), self.threads)
+                       for _, p, _, g, kind in work)
+        total = 0.0
+        for dev in {p.device for _, p, _, _, _ in work}:
+            grads = [g for _, p, _, g, _ in work if p.device == dev]
+            norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]
+            total += float(torch.stack(norms).double().square().sum().item())
+        return total
+
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None):
         """One AdamW step over every parameter with a gradient; returns closure()'s loss."""
@@ -310,7 +373,7 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._wait_uploads()
-        work = []  # (group, p, bufs, host grad, grad kind)
+        work = []  # (group, p, bufs, grad where the update reads it, grad kind)
         cuda_devices = set()
         for group in self.param_groups:
             if group.get("amsgrad") or group.get("maximize"):
@@ -321,19 +384,18 @@ class AdamW(torch.optim.Optimizer):
                 if len(self.state[p]) == 0:
                     self._init_state(p)
                 bufs = self._ensure_bufs(p)
-                g, kind = self._host_grad(p, bufs)
+                g, kind = self._host_grad(p, bufs) if self.path == "cpu" else self._gpu_grad(p)
                 if p.grad.device.type == "cuda":
                     cuda_devices.add(p.grad.device)
                 work.append((group, p, bufs, g, kind))
-        for dev in cuda_devices:
-            torch.cuda.synchronize(dev)  # the gradients' copies to host memory are done
+        if self.path == "cpu":
+            for dev in cuda_devices:
+                torch.cuda.synchronize(dev)  # the gradients' copies to host memory are done
 
         clip = 1.0
         norm = None
         if self.max_grad_norm is not None or self.skip_nonfinite:
-            total = 0.0
-            for _, p, _, g, kind in work:
-                total += self._core.grad_sumsq(g.data_ptr(), kind, p.numel(), self.threads)
+            total = self._grad_sumsq(work)
             norm = math.sqrt(total) if total >= 0 else float("nan")
             if not math.isfinite(norm):
                 if self.skip_nonfinite:
@@ -371,17 +433,20 @@ class AdamW(torch.optim.Optimizer):
         own_master = bufs["master"] is not None
         master = bufs["master"] if own_master else p
         m, v = st["exp_avg"], st["exp_avg_sq"]
+        beta1, beta2 = group["betas"]
+        hyper = (float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
+                 float(group["weight_decay"]), int(st["step"].item()), clip, key)
+        if self.path != "cpu":
+            self._update_on_gpu(p, master, m, v, g, kind, hyper)
+            return
         weight = None
         if p.device.type == "cuda" and p.dtype == torch.bfloat16:
             weight = bufs.get("weight")
             if weight is None:
                 weight = bufs["weight"] = self._host_like(p, torch.bfloat16, self._core.CLASS_WEIGHT)
-        beta1, beta2 = group["betas"]
         self._core.adamw(master.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), kind,
                          weight.data_ptr() if weight is not None else 0, n, self.state_type,
-                         float(group["lr"]), float(beta1), float(beta2), float(group["eps"]),
-                         float(group["weight_decay"]), int(st["step"].item()), clip, key,
-                         self.threads)
+                         *hyper, self.threads)
         if not own_master:
             return
         src = weight if weight is not None else master
@@ -393,6 +458,20 @@ class AdamW(torch.optim.Optimizer):
         else:
             p.copy_(src)
 
+    def _update_on_gpu(self, p: torch.Tensor, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
+                       g: torch.Tensor, kind: str, hyper: tuple) -> None:
+        """ghtier's GPU kernel on p's current stream: it reads g, reads and writes master/m/v
+        (in HBM, or in host memory over the link) and writes bf16 parameters in place. An fp32
+        parameter whose master is in host memory gets the master copied in after the kernel."""
+        writes_weight = p.dtype == torch.bfloat16
+        with torch.cuda.device(p.device):
+            stream = torch.cuda.current_stream(p.device)
+            self._core.adamw_gpu(master.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), kind,
+                                 p.data_ptr() if writes_weight else 0, p.numel(), self.state_type,
+                                 *hyper, stream.cuda_stream)
+            if not writes_weight and master.data_ptr() != p.data_ptr():
+                p.copy_(master.view(p.shape), non_blocking=True)
+
     # ---- checkpoints in torch.optim.AdamW's format -------------------------------------------
     def _flat_params(self) -> List[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
@@ -403,7 +482,8 @@ class AdamW(torch.optim.Optimizer):
         if self.state_type == "bf16":
             return t.float()
         out = torch.empty(p.shape, dtype=torch.float32)
-        self._core.q8_dequantize(t.data_ptr(), p.numel(), out.data_ptr(), is_v)
+        records = t.cpu() if t.device.type != "cpu" else t
+        self._core.q8_dequantize(records.data_ptr(), p.numel(), out.data_ptr(), is_v)
         return out
 
     def _moment_from(self, p: torch.Tensor, value: torch.Tensor, is_v: bool, where: str) -> torch.Tensor:
@@ -414,7 +494,10 @@ class AdamW(torch.optim.Optimizer):
         src = value.detach().to("cpu", torch.float32).contiguous()
         dst = self._new_moment(p, is_v)
         if self.state_type == "q8":
-            self._core.q8_quantize(src.data_ptr(), p.numel(), dst.data_ptr(), is_v)
+            host = dst if dst.device.type == "cpu" else torch.empty_like(dst, device="cpu")
+            self._core.q8_quantize(src.data_ptr(), p.numel(), host.data_ptr(), is_v)
+            if host is not dst:
+                dst.copy_(host)
         else:
             dst.copy_(src.view(p.shape))  # bf16: round to nearest even, as ghtier's load_state
         return dst
@@ -458,7 +541,7 @@ class AdamW(torch.optim.Optimizer):
             st["exp_avg"] = self._moment_from(p, s["exp_avg"], False, f"state[{i}]['exp_avg']")
             st["exp_avg_sq"] = self._moment_from(p, s["exp_avg_sq"], True, f"state[{i}]['exp_avg_sq']")
             if "master" in s and p.dtype != torch.float32:
-                master = self._host_like(p, torch.float32, self._core.CLASS_MASTER)
-                master.copy_(s["master"].detach().to("cpu", torch.float32).view(p.shape))
+                master = self._state_like(p, torch.float32, self._core.CLASS_MASTER)
+                master.copy_(s["master"].detach().to(torch.float32).view(p.shape))
                 st["master"] = master
             self._ensure_bufs(p)

@@ -1,5 +1,5 @@
-// ghtier._core: the allocator's C ABI (alloc/include/ght/ght.h) and the host AdamW
-// (optimizer/adamw_kernels.hpp) for the Python package. Kept small: ghtier/torch.py does the
+// ghtier._core: the allocator's C ABI (alloc/include/ght/ght.h), the host AdamW and, in a CUDA
+// build, the GPU AdamW kernel (optimizer/adamw_kernels.hpp) for the Python package. Kept small: ghtier/torch.py does the
 // PyTorch side (dtype, device and shape checks) and passes raw host addresses here.
 #include <dlfcn.h>
 #include <nanobind/nanobind.h>
@@ -12,6 +12,10 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+
+#ifdef GHT_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "ght/ght.h"
 #include "optimizer/adamw_kernels.hpp"
@@ -75,18 +79,24 @@ nb::object where(std::uintptr_t address) {
   return d;
 }
 
-void adamw(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintptr_t grad,
-           const std::string& grad_dtype, std::uintptr_t weight, std::size_t n, const std::string& state,
-           double lr, double beta1, double beta2, double eps, double weight_decay, std::int64_t step,
-           double grad_scale, std::uint64_t key, int threads) {
+/// The span and step constants of one parameter's update, from the binding's flat arguments.
+struct UpdateArgs {
+  opt::AdamWSpan span;
+  opt::StepScalars k;
+};
+
+UpdateArgs update_args(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintptr_t grad,
+                       const std::string& grad_dtype, std::uintptr_t weight, std::size_t n,
+                       const std::string& state, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, std::int64_t step, double grad_scale, std::uint64_t key) {
   opt::AdamWHyper h;
   h.beta1 = beta1;
   h.beta2 = beta2;
   h.eps = eps;
   h.weight_decay = weight_decay;
   h.max_grad_norm = 0;  // the caller passes the clip coefficient as grad_scale
-  const opt::StepScalars k = opt::make_step_scalars(h, lr, step, weight_decay != 0, grad_scale);
-  opt::AdamWSpan s;
+  UpdateArgs a{{}, opt::make_step_scalars(h, lr, step, weight_decay != 0, grad_scale)};
+  opt::AdamWSpan& s = a.span;
   s.master = ptr<float>(master);
   s.m = ptr<void>(m);
   s.v = ptr<void>(v);
@@ -96,9 +106,43 @@ void adamw(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintp
   s.n = n;
   s.state = parse_state(state);
   s.key = key;
-  nb::gil_scoped_release unlocked;
-  opt::adamw_cpu(s, k, threads);
+  return a;
 }
+
+void adamw(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintptr_t grad,
+           const std::string& grad_dtype, std::uintptr_t weight, std::size_t n, const std::string& state,
+           double lr, double beta1, double beta2, double eps, double weight_decay, std::int64_t step,
+           double grad_scale, std::uint64_t key, int threads) {
+  const UpdateArgs a = update_args(master, m, v, grad, grad_dtype, weight, n, state, lr, beta1, beta2, eps,
+                                   weight_decay, step, grad_scale, key);
+  nb::gil_scoped_release unlocked;
+  opt::adamw_cpu(a.span, a.k, threads);
+}
+
+#ifdef GHT_HAVE_CUDA
+/// The update on the GPU (ghtier's adamw_gpu kernel), queued on `stream` (a cudaStream_t as an
+/// integer: torch.cuda.current_stream().cuda_stream). master, m and v may be HBM or host memory the
+/// GPU can reach (pinned and mapped); grad and weight are the parameter's, in HBM.
+void adamw_gpu(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintptr_t grad,
+               const std::string& grad_dtype, std::uintptr_t weight, std::size_t n, const std::string& state,
+               double lr, double beta1, double beta2, double eps, double weight_decay, std::int64_t step,
+               double grad_scale, std::uint64_t key, std::uintptr_t stream) {
+  const UpdateArgs a = update_args(master, m, v, grad, grad_dtype, weight, n, state, lr, beta1, beta2, eps,
+                                   weight_decay, step, grad_scale, key);
+  opt::adamw_gpu(a.span, a.k, reinterpret_cast<cudaStream_t>(stream));
+}
+
+/// Whether a GPU kernel can dereference this address: device memory, or host memory that CUDA
+/// pinned and mapped (not plain pageable memory, which faults on PCIe machines).
+bool gpu_reachable(std::uintptr_t address) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, ptr<const void>(address)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type != cudaMemoryTypeUnregistered && a.devicePointer != nullptr;
+}
+#endif
 
 }  // namespace
 
@@ -144,6 +188,15 @@ NB_MODULE(_core, mod) {
           nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"),
           nb::arg("step"), nb::arg("grad_scale"), nb::arg("key"), nb::arg("threads"),
           "ghtier's host AdamW (adamw_cpu) on host addresses; weight (bf16) may be 0.");
+#ifdef GHT_HAVE_CUDA
+  mod.def("adamw_gpu", &adamw_gpu, nb::arg("master"), nb::arg("m"), nb::arg("v"), nb::arg("grad"),
+          nb::arg("grad_dtype"), nb::arg("weight"), nb::arg("n"), nb::arg("state"), nb::arg("lr"),
+          nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"),
+          nb::arg("step"), nb::arg("grad_scale"), nb::arg("key"), nb::arg("stream"),
+          "ghtier's GPU AdamW (adamw_gpu), queued on a CUDA stream; master/m/v in HBM or mapped host memory.");
+  mod.def("gpu_reachable", &gpu_reachable, nb::arg("address"),
+          "Whether a GPU kernel can read this address (device memory, or pinned mapped host memory).");
+#endif
   mod.def("grad_sumsq", [](std::uintptr_t grad, const std::string& dtype, std::size_t n, int threads) {
     const opt::GradType t = parse_grad(dtype);
     nb::gil_scoped_release unlocked;

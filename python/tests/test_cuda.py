@@ -99,3 +99,80 @@ def test_adamw_with_cuda_parameters(python):
     r = python(ADAMW_CUDA)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok adamw" in r.stdout
+
+
+ADAMW_GPU_PATHS = """
+import torch, ghtier.torch as gt
+H = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+torch.manual_seed(0)
+init = [torch.randn(257, 65), torch.randn(1000), torch.randn(7)]
+for state in ("fp32", "bf16", "q8"):
+    for dtype in (torch.float32, torch.bfloat16):
+        host = [torch.nn.Parameter(t.cuda().to(dtype)) for t in init]
+        link = [torch.nn.Parameter(t.cuda().to(dtype)) for t in init]
+        dev = [torch.nn.Parameter(t.cuda().to(dtype)) for t in init]
+        oh = gt.AdamW(host, state=state, path="cpu", **H)
+        ol = gt.AdamW(link, state=state, path="gpu_link", **H)
+        od = gt.AdamW(dev, state=state, path="device", **H)
+        assert gt.AdamW(link, **H).path == "gpu_link"  # auto, for CUDA parameters
+        for t in range(20):
+            gs = [torch.randn(x.shape) * 0.1 for x in init]
+            for ps in (host, link, dev):
+                for p, g in zip(ps, gs):
+                    p.grad = g.cuda().to(dtype)
+            oh.step(); ol.step(); od.step()
+        # The host and GPU kernels run the same fp32 operations (optimizer/adamw_kernels.hpp):
+        # the same bytes on every path, for every state type.
+        sh, sl, sd_ = oh.state_dict(), ol.state_dict(), od.state_dict()
+        for a, b, c in zip(host, link, dev):
+            assert gt.where(ol.state[b]["exp_avg"])["tier"] == "host", gt.where(ol.state[b]["exp_avg"])
+            assert od.state[c]["exp_avg"].device.type == "cuda"
+            assert torch.equal(b.detach(), a.detach()), (state, dtype, "gpu_link")
+            assert torch.equal(c.detach(), a.detach()), (state, dtype, "device")
+        for i in sh["state"]:
+            for k in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(sl["state"][i][k].cpu(), sh["state"][i][k].cpu()), (state, dtype, k)
+                assert torch.equal(sd_["state"][i][k].cpu(), sh["state"][i][k].cpu()), (state, dtype, k)
+        ref = torch.optim.AdamW([torch.nn.Parameter(t.clone()) for t in init], **H)
+        ref.load_state_dict(sd_)  # torch.optim.AdamW's format
+        back = gt.AdamW(dev, state=state, path="device", **H)
+        back.load_state_dict(ref.state_dict())
+        assert back.state[dev[0]]["exp_avg"].device.type == "cuda"
+        print("ok", state, dtype)
+
+# Clipping: the GPU paths take the norm from fp32 per-tensor norms on the GPU, the cpu path from
+# the host's double sum: the same coefficient to fp32 rounding.
+ps = {path: [torch.nn.Parameter(t.cuda()) for t in init] for path in ("cpu", "gpu_link", "device")}
+opts = {path: gt.AdamW(ps[path], path=path, max_grad_norm=1.0, **H) for path in ps}
+gs = [torch.randn(x.shape) * 3.0 for x in init]
+for path in ps:
+    for p, g in zip(ps[path], gs):
+        p.grad = g.cuda()
+    opts[path].step()
+c = opts["cpu"].last_step["clip_coef"]
+assert c < 1.0, c
+for path in ("gpu_link", "device"):
+    assert abs(opts[path].last_step["clip_coef"] - c) <= 1e-6 * c, (path, opts[path].last_step, c)
+print("ok gpu paths")
+"""
+
+
+@needs_cuda
+@needs_cuda_build
+def test_adamw_gpu_link_and_device_paths_match_the_host_path(python):
+    r = python(ADAMW_GPU_PATHS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok gpu paths" in r.stdout
+
+
+@pytest.mark.skipif(ghtier.core().has_cuda, reason="checks the error of a build without CUDA")
+def test_gpu_paths_without_a_cuda_build_are_a_clear_error():
+    with pytest.raises(RuntimeError, match="needs ghtier built with CUDA"):
+        gt.AdamW([torch.nn.Parameter(torch.zeros(3))], path="gpu_link")
+
+
+def test_gpu_paths_refuse_cpu_parameters():
+    if not ghtier.core().has_cuda:
+        pytest.skip("ghtier was built without CUDA: the paths refuse earlier (test above)")
+    with pytest.raises(ValueError, match="CUDA parameters only"):
+        gt.AdamW([torch.nn.Parameter(torch.zeros(3))], path="device")
