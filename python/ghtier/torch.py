@@ -196,6 +196,10 @@ class AdamW(torch.optim.Optimizer):
         a non-finite global norm skips the whole step (weights, state and step counts unchanged;
         `steps_skipped_nonfinite` counts it), ghtier's trainer rule.
       threads: host threads of the update (0: GHT_CPU_THREADS, else the host node's cores).
+      link_mode: how the gpu_link kernel reaches host state: "zero_copy" (the kernel reads it
+        directly: right on a coherent link), "dma" (chunks through three HBM slots on the copy
+        engines, as ghtier's C++ optimizer does over PCIe; python/ghtier/_link_stage.py), "auto"
+        (zero_copy on c2c, else dma).
 
     state_dict() is torch.optim.AdamW's format (state[i] = {"step", "exp_avg", "exp_avg_sq"},
     fp32 moments shaped like the parameter; plus "master" for non-fp32 parameters), so
@@ -205,7 +209,7 @@ class AdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, state: str = "fp32",
                  path: str = "auto", max_grad_norm: Optional[float] = None,
-                 skip_nonfinite: bool = False, threads: int = 0):
+                 skip_nonfinite: bool = False, threads: int = 0, link_mode: str = "auto"):
         if not 0.0 <= float(lr):
             raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 < eps:
@@ -218,6 +222,8 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         if state not in _STATES:
             raise ValueError(f"ghtier.torch.AdamW: state {state!r} is not one of {', '.join(_STATES)}")
+        if link_mode not in ("auto", "zero_copy", "dma"):
+            raise ValueError(f"ghtier.torch.AdamW: link_mode {link_mode!r} is not one of auto, zero_copy, dma")
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"ghtier.torch.AdamW: max_grad_norm must be None or > 0, got {max_grad_norm}")
         self.state_type = state
@@ -233,6 +239,10 @@ class AdamW(torch.optim.Optimizer):
                         **_TORCH_GROUP_KEYS)
         super().__init__(params, defaults)
         self.path = _resolve_path(path, self._flat_params(), self._core)
+        if link_mode == "auto" and self.path == "gpu_link":
+            link_mode = "zero_copy" if self._core.link_kind() == "c2c" else "dma"
+        self.link_mode = link_mode if self.path == "gpu_link" else None
+        self._stagers: Dict[torch.device, Any] = {}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -407,6 +417,9 @@ class AdamW(torch.optim.Optimizer):
         self.last_step = dict(taken=True, grad_norm=norm, clip_coef=clip)
 
         keys = self._round_keys()
+        if self.link_mode == "dma":
+            for dev in {p.device for _, p, _, _, _ in work}:
+                self._stager(dev).begin_step()
         for group, p, bufs, g, kind in work:
             self._update(group, p, bufs, g, kind, clip, keys[p])
         return loss
@@ -458,6 +471,13 @@ class AdamW(torch.optim.Optimizer):
         else:
             p.copy_(src)
 
+    def _stager(self, dev: torch.device) -> Any:
+        st = self._stagers.get(dev)
+        if st is None:
+            from ._link_stage import LinkStager
+            st = self._stagers[dev] = LinkStager(self._core, dev, self.state_type)
+        return st
+
     def _update_on_gpu(self, p: torch.Tensor, master: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
                        g: torch.Tensor, kind: str, hyper: tuple) -> None:
         """ghtier's GPU kernel on p's current stream: it reads g, reads and writes master/m/v
@@ -466,6 +486,9 @@ class AdamW(torch.optim.Optimizer):
         writes_weight = p.dtype == torch.bfloat16
         with torch.cuda.device(p.device):
             stream = torch.cuda.current_stream(p.device)
+            if self.link_mode == "dma":
+                self._stager(p.device).update(p, master, m, v, g, kind, hyper, stream)
+                return
             self._core.adamw_gpu(master.data_ptr(), m.data_ptr(), v.data_ptr(), g.data_ptr(), kind,
                                  p.data_ptr() if writes_weight else 0, p.numel(), self.state_type,
                                  *hyper, stream.cuda_stream)

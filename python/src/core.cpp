@@ -18,6 +18,7 @@
 #endif
 
 #include "ght/ght.h"
+#include "tier/topology.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
 
@@ -126,9 +127,10 @@ void adamw(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintp
 void adamw_gpu(std::uintptr_t master, std::uintptr_t m, std::uintptr_t v, std::uintptr_t grad,
                const std::string& grad_dtype, std::uintptr_t weight, std::size_t n, const std::string& state,
                double lr, double beta1, double beta2, double eps, double weight_decay, std::int64_t step,
-               double grad_scale, std::uint64_t key, std::uintptr_t stream) {
-  const UpdateArgs a = update_args(master, m, v, grad, grad_dtype, weight, n, state, lr, beta1, beta2, eps,
-                                   weight_decay, step, grad_scale, key);
+               double grad_scale, std::uint64_t key, std::uintptr_t stream, std::uint64_t first) {
+  UpdateArgs a = update_args(master, m, v, grad, grad_dtype, weight, n, state, lr, beta1, beta2, eps,
+                             weight_decay, step, grad_scale, key);
+  a.span.first = first;  // a chunk of the parameter: bf16 state's rounding bits follow the element index
   opt::adamw_gpu(a.span, a.k, reinterpret_cast<cudaStream_t>(stream));
 }
 
@@ -192,11 +194,13 @@ NB_MODULE(_core, mod) {
   mod.def("adamw_gpu", &adamw_gpu, nb::arg("master"), nb::arg("m"), nb::arg("v"), nb::arg("grad"),
           nb::arg("grad_dtype"), nb::arg("weight"), nb::arg("n"), nb::arg("state"), nb::arg("lr"),
           nb::arg("beta1"), nb::arg("beta2"), nb::arg("eps"), nb::arg("weight_decay"),
-          nb::arg("step"), nb::arg("grad_scale"), nb::arg("key"), nb::arg("stream"),
+          nb::arg("step"), nb::arg("grad_scale"), nb::arg("key"), nb::arg("stream"), nb::arg("first") = 0,
           "ghtier's GPU AdamW (adamw_gpu), queued on a CUDA stream; master/m/v in HBM or mapped host memory.");
   mod.def("gpu_reachable", &gpu_reachable, nb::arg("address"),
           "Whether a GPU kernel can read this address (device memory, or pinned mapped host memory).");
 #endif
+  mod.def("link_kind", [] { return std::string(ght::to_string(ght::tier::topology().link)); },
+          "How this machine's GPU reaches host memory: c2c, pcie or none (tier/topology.hpp).");
   mod.def("grad_sumsq", [](std::uintptr_t grad, const std::string& dtype, std::size_t n, int threads) {
     const opt::GradType t = parse_grad(dtype);
     nb::gil_scoped_release unlocked;
