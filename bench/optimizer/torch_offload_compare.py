@@ -8,6 +8,9 @@ contender in its own process (so one's memory never counts against another):
   ghtier_gpu_link  ghtier.torch.AdamW(path="gpu_link"): bf16 parameters and gradients in HBM,
                    fp32 master/m/v in ghtier's pinned host memory, updated by ghtier's GPU kernel
                    over the link
+  ghtier_gpu_link_bwd  the same, each parameter updated in backward as its gradient lands
+                   (AdamW.step_in_backward), so the link traffic overlaps the backward
+  ghtier_gpu_link_q8   the same with 8-bit m and v (state="q8"): an inexact choice, listed apart
   ghtier_cpu       ghtier.torch.AdamW(path="cpu"): the same state, updated by the host AdamW
   torchao          torchao's CPUOffloadOptimizer(torch.optim.AdamW, fused CPU step): fp32
                    parameters in HBM under bf16 autocast, fp32 state on the host
@@ -32,7 +35,7 @@ import subprocess
 import sys
 import time
 
-CONTENDERS = ("ghtier_gpu_link", "ghtier_cpu", "torchao", "fsdp2", "deepspeed", "torch_hbm")
+CONTENDERS = ("ghtier_gpu_link", "ghtier_gpu_link_bwd", "ghtier_gpu_link_q8", "ghtier_cpu", "torchao", "fsdp2", "deepspeed", "torch_hbm")
 
 
 def build_model(torch, layers, d, dtype, device):
@@ -68,8 +71,15 @@ def one_process(name, a):
     if name.startswith("ghtier"):
         import ghtier.torch as gt
         model = build_model(torch, a.layers, a.d, param_dtype, dev)
-        opt = gt.AdamW(model.parameters(), lr=1e-4, path="gpu_link" if name == "ghtier_gpu_link" else "cpu")
-        step = lambda: (loss_of(model).backward(), opt.step(), opt.zero_grad(set_to_none=True))
+        opt = gt.AdamW(model.parameters(), lr=1e-4, path="cpu" if name == "ghtier_cpu" else "gpu_link",
+                       state="q8" if name.endswith("_q8") else "fp32")
+        if name == "ghtier_gpu_link_bwd":
+            def step():
+                with opt.step_in_backward():
+                    loss_of(model).backward()
+                opt.zero_grad(set_to_none=True)
+        else:
+            step = lambda: (loss_of(model).backward(), opt.step(), opt.zero_grad(set_to_none=True))
     elif name == "torchao":
         try:
             from torchao.optim import CPUOffloadOptimizer

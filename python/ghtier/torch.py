@@ -243,6 +243,8 @@ class AdamW(torch.optim.Optimizer):
             link_mode = "zero_copy" if self._core.link_kind() == "c2c" else "dma"
         self.link_mode = link_mode if self.path == "gpu_link" else None
         self._stagers: Dict[torch.device, Any] = {}
+        self._hook_handles: Optional[list] = None
+        self._in_backward: Optional[Dict[str, Any]] = None  # step_in_backward's step while open
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -423,6 +425,68 @@ class AdamW(torch.optim.Optimizer):
         for group, p, bufs, g, kind in work:
             self._update(group, p, bufs, g, kind, clip, keys[p])
         return loss
+
+    @contextlib.contextmanager
+    def step_in_backward(self):
+        """One AdamW step taken during backward(): each parameter is updated as soon as its
+        gradient is final (torch's register_post_accumulate_grad_hook), so the update, and on
+        the gpu_link path its link traffic, overlaps the rest of the backward. Put it around the
+        last backward of a step (after any gradient-accumulation micro-batches):
+
+            with opt.step_in_backward():
+                loss.backward()
+            opt.zero_grad()
+
+        Parameters with a gradient whose hook did not fire in the block are updated when it
+        ends, so the step covers what step() would. Clipping and skipping need the global norm
+        before the first update: with max_grad_norm or skip_nonfinite set it raises ValueError.
+        """
+        if self.max_grad_norm is not None or self.skip_nonfinite:
+            raise ValueError("ghtier.torch.AdamW.step_in_backward: max_grad_norm and skip_nonfinite need "
+                             "the global gradient norm before any update; call backward() then step()")
+        if self._in_backward is not None:
+            raise RuntimeError("ghtier.torch.AdamW.step_in_backward is already open")
+        if self._hook_handles is None:
+            self._hook_handles = [p.register_post_accumulate_grad_hook(self._grad_ready)
+                                  for p in self._flat_params() if p.requires_grad]
+        self._wait_uploads()
+        groups = {p: g for g in self.param_groups for p in g["params"]}
+        self._in_backward = dict(keys=self._round_keys(), group_of=groups, done=set())
+        if self.link_mode == "dma":
+            for dev in {p.device for p in groups}:
+                self._stager(dev).begin_step()
+        try:
+            yield self
+        except BaseException:
+            self._in_backward = None  # the backward failed: parameters already updated stay so
+            raise
+        ctx, self._in_backward = self._in_backward, None
+        with torch.no_grad():
+            for p, group in groups.items():
+                if p.grad is not None and p not in ctx["done"]:
+                    self._update_one(group, p, ctx["keys"][p])
+        self.last_step = dict(taken=True, grad_norm=None, clip_coef=1.0)
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        ctx = self._in_backward
+        if ctx is None or p in ctx["done"] or p.grad is None:
+            return
+        with torch.no_grad():
+            self._update_one(ctx["group_of"][p], p, ctx["keys"][p])
+        ctx["done"].add(p)
+
+    def _update_one(self, group: dict, p: torch.Tensor, key: int) -> None:
+        """Update one parameter now, unclipped (step_in_backward)."""
+        if len(self.state[p]) == 0:
+            self._init_state(p)
+        bufs = self._ensure_bufs(p)
+        if self.path == "cpu":
+            g, kind = self._host_grad(p, bufs)
+            if p.grad.device.type == "cuda":
+                torch.cuda.current_stream(p.grad.device).synchronize()  # the copy to host is done
+        else:
+            g, kind = self._gpu_grad(p)
+        self._update(group, p, bufs, g, kind, 1.0, key)
 
     def _round_keys(self) -> Dict[torch.Tensor, int]:
         # bf16 state's rounding stream: one key per parameter, from its position (stable across

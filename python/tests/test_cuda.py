@@ -193,3 +193,38 @@ def test_gpu_paths_refuse_cpu_parameters():
         pytest.skip("ghtier was built without CUDA: the paths refuse earlier (test above)")
     with pytest.raises(ValueError, match="CUDA parameters only"):
         gt.AdamW([torch.nn.Parameter(torch.zeros(3))], path="device")
+
+
+STEP_IN_BACKWARD_CUDA = """
+import torch, ghtier.torch as gt
+H = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+for mode in ("zero_copy", "dma"):
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        w1, w2 = torch.randn(256, 64) * 0.3, torch.randn(32, 256) * 0.3
+        a = [torch.nn.Parameter(w.cuda().to(dtype)) for w in (w1, w2)]
+        b = [torch.nn.Parameter(w.cuda().to(dtype)) for w in (w1, w2)]
+        oa = gt.AdamW(a, path="gpu_link", link_mode=mode, **H)
+        ob = gt.AdamW(b, path="gpu_link", link_mode=mode, **H)
+        if mode == "dma":
+            oa._stager(a[0].device).chunk = ob._stager(b[0].device).chunk = 4096
+        for t in range(5):
+            x = torch.randn(128, 64, device="cuda", dtype=dtype)
+            with oa.step_in_backward():
+                (torch.tanh(x @ a[0].T) @ a[1].T).float().square().mean().backward()
+            oa.zero_grad()
+            (torch.tanh(x @ b[0].T) @ b[1].T).float().square().mean().backward()
+            ob.step()
+            ob.zero_grad()
+        for p, q in zip(a, b):
+            assert torch.equal(p.detach(), q.detach()), (mode, dtype)
+print("ok step_in_backward")
+"""
+
+
+@needs_cuda
+@needs_cuda_build
+def test_step_in_backward_on_the_gpu_link_path(python):
+    r = python(STEP_IN_BACKWARD_CUDA)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok step_in_backward" in r.stdout
