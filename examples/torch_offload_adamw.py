@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Train a small model with ghtier.torch.AdamW: fp32 master weights, m and v in host memory,
-the update run by ghtier's host AdamW.
+"""Train a small model with ghtier.torch.AdamW: fp32 master weights, m and v in host memory
+(or HBM with --path device), the update run by ghtier's GPU kernel over the link (CUDA
+parameters, the default path) or by its host AdamW (--path cpu, and on machines without a GPU).
 
 The model is a tiny transformers Qwen3MoeForCausalLM (2 layers, 4 experts) when transformers is
 installed, else an nn.Sequential MLP. It learns a repeating token sequence; the script prints
@@ -11,6 +12,7 @@ allocator (use_allocator); on a CPU-only machine everything runs on the host.
 
   pip install .   # from the repository root (or scripts/test-python.sh)
   python3 examples/torch_offload_adamw.py [--steps 30] [--state fp32|bf16|q8] [--cpu]
+      [--path auto|cpu|gpu_link|device] [--in-backward]
 """
 import argparse
 import io
@@ -52,6 +54,9 @@ def main():
     ap.add_argument("--state", default="fp32", choices=["fp32", "bf16", "q8"])
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU exists")
+    ap.add_argument("--path", default="auto", choices=["auto", "cpu", "gpu_link", "device"])
+    ap.add_argument("--in-backward", action="store_true",
+                    help="update each parameter as its gradient lands (AdamW.step_in_backward; no clipping)")
     args = ap.parse_args()
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
@@ -59,23 +64,30 @@ def main():
         gt.use_allocator()  # before the first CUDA tensor
     torch.manual_seed(0)
     model, what = make_model(device)
+    clip = {} if args.in_backward else dict(max_grad_norm=1.0, skip_nonfinite=True)
     opt = gt.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, state=args.state,
-                   max_grad_norm=1.0, skip_nonfinite=True)
+                   path=args.path, **clip)
     pattern = torch.arange(SEQ + 1) * 7 % VOCAB  # a sequence to learn
     tokens = torch.stack([pattern.roll(i) for i in range(BATCH)]).to(device)
     print(f"model: {what}, {sum(p.numel() for p in model.parameters())} parameters on {device}; "
-          f"ghtier {ghtier.__version__}, AdamW state {args.state} on the host, path {opt.path}, "
+          f"ghtier {ghtier.__version__}, AdamW state {args.state} in "
+          f"{'HBM' if opt.path == 'device' else 'host memory'}, path {opt.path}, "
           f"allocator {'ghtier' if gt.allocator_in_use() else 'PyTorch'}")
 
     losses = []
     for step in range(args.steps):
         loss = loss_of(model, tokens)
-        loss.backward()
-        opt.step()
+        if args.in_backward:
+            with opt.step_in_backward():
+                loss.backward()
+        else:
+            loss.backward()
+            opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         if step % 10 == 0 or step == args.steps - 1:
-            print(f"step {step:3d}  loss {losses[-1]:.4f}  grad norm {opt.last_step['grad_norm']:.3f}")
+            norm = opt.last_step["grad_norm"]
+            print(f"step {step:3d}  loss {losses[-1]:.4f}" + (f"  grad norm {norm:.3f}" if norm is not None else ""))
 
     stats = gt.memory_stats()
     held = {c: stats["classes"][c]["current"] for c in ("master", "adam_m", "adam_v")}
