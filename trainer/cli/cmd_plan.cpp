@@ -33,6 +33,7 @@ struct PlanArgs {
   bool search_json = false;
   bool explain = false;
   int ranks = 1;
+  std::int64_t tokens_per_step = 0;  ///< 0: the model's own grad_accum
 };
 
 std::string read_text(const std::string& path) {
@@ -69,6 +70,20 @@ bool is_run_config(const std::string& path) {
     if (doc.as_table().contains(section)) return true;
   }
   return false;
+}
+
+// --tokens-per-step N: the gradient-accumulation steps that make N tokens a step, exactly.
+ght::trainer::ModelConfig with_tokens_per_step(ght::trainer::ModelConfig cfg, std::int64_t tokens) {
+  if (tokens == 0) return cfg;
+  const std::int64_t per = static_cast<std::int64_t>(cfg.seq_len) * cfg.micro_batch;
+  if (tokens < per || tokens % per != 0) {
+    throw ght::config_error("--tokens-per-step " + std::to_string(tokens) + " is not a multiple of seq_len x " +
+                            "micro_batch = " + std::to_string(cfg.seq_len) + " x " + std::to_string(cfg.micro_batch) +
+                            " = " + std::to_string(per) + " tokens (the model's micro-batch)");
+  }
+  cfg.grad_accum = static_cast<int>(tokens / per);
+  cfg.validate();
+  return cfg;
 }
 
 // --model PRESET|FILE, --config FILE and -o overrides, read the way `ght train` reads them.
@@ -151,8 +166,11 @@ void run(const PlanArgs& a) {
   std::vector<ght::tier::Region> regions;
   double step_flops = 0;
   std::optional<ght::trainer::ModelConfig> trainer_cfg;
+  if (a.tokens_per_step > 0 && a.model.empty() && a.config.empty()) {
+    throw ght::config_error("--tokens-per-step needs a model: add --model PRESET|FILE or --config FILE");
+  }
   if (!a.model.empty() || !a.config.empty()) {
-    const auto cfg = model_config(a);
+    const auto cfg = with_tokens_per_step(model_config(a), a.tokens_per_step);
     step_flops = ght::trainer::model_step_flops(cfg);
     auto count = [](std::int64_t n) {
       char b[32];
@@ -261,6 +279,10 @@ void setup(CLI::App& app) {
                 "train`): master, m and v 1/N per rank")
       ->type_name("N")
       ->check(CLI::Range(1, 65536));
+  c->add_option("--tokens-per-step", a->tokens_per_step,
+                "Tokens per optimizer step: sets grad_accum to N / (seq_len x micro_batch), which must divide")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
   c->add_flag("--json", a->json, "Print the plan as JSON (the format the allocator and trainer read)");
   c->add_flag("--search-json", a->search_json,
               "Print the search as JSON: every combination of the searched options, its fit, price and prediction");
