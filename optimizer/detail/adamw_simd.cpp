@@ -271,7 +271,15 @@ void accumulate(float* dst, const void* src, GradType t, std::size_t n, bool ass
   if (n > 0) HWY_DYNAMIC_DISPATCH(accumulate_target)(dst, src, t, n, assign);
 }
 
-std::vector<std::int64_t> targets() { return hwy::SupportedAndGeneratedTargets(); }
+std::vector<std::int64_t> targets() {
+  std::vector<std::int64_t> t = hwy::SupportedAndGeneratedTargets();
+  // Highway 1.0.3's SupportedTargets(), called before the first dispatch, leaves the dispatch
+  // initialised without the vector-length targets it adds last (aarch64: SVE2_128 at 128 bits,
+  // SVE_256 at 256), so every later call would run SVE2. Setting it from the full answer keeps
+  // the dispatch on the best target, as when the first dispatch comes first.
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  return t;
+}
 
 std::string target_name(std::int64_t target) { return hwy::TargetName(target); }
 
