@@ -37,7 +37,7 @@ if(NOT TARGET hwy::hwy)
   endif()
   add_library(hwy::hwy ALIAS PkgConfig::GHT_HWY)
 endif()
-# Every target Highway can compile for in the SIMD files, the EMU128 fallback included, so that
+# Every target Highway can compile for in the SIMD files, the scalar fallback included, so that
 # the tests check each one the CPU runs (tests/optimizer/simd_kernels_test.cpp).
 set(GHT_HWY_DEFINITIONS HWY_COMPILE_ALL_ATTAINABLE)
 

@@ -58,10 +58,11 @@ HWY_INLINE VU round_nearest(VF f) {
   return nan_to_canonical(x, hn::ShiftRight<16>(hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), lsb)));
 }
 
-// round_bits(stream, index) for the indices first32 + lane (32-bit arithmetic, as the scalar).
-HWY_INLINE VU round_bits(std::uint32_t stream32, std::uint32_t first32) {
+// round_bits(stream, index) for the indices in idx (their low words: 32-bit arithmetic, as the
+// scalar).
+HWY_INLINE VU round_bits(std::uint32_t stream32, VU idx) {
   const DU du;
-  VU x = hn::Add(hn::Set(du, stream32), hn::Mul(hn::Iota(du, first32), hn::Set(du, 0x9E3779B9u)));
+  VU x = hn::Add(hn::Set(du, stream32), hn::Mul(idx, hn::Set(du, 0x9E3779B9u)));
   x = hn::Xor(x, hn::ShiftRight<16>(x));
   x = hn::Mul(x, hn::Set(du, 0x7FEB352Du));
   x = hn::Xor(x, hn::ShiftRight<15>(x));
@@ -79,18 +80,18 @@ HWY_INLINE VU round_stochastic(VF f, VU r16) {
 
 HWY_INLINE void store_m(VF x, std::uint16_t* p) { store_bits(round_nearest(x), p); }
 HWY_INLINE void store_m(VF x, float* p) { hn::StoreU(x, DF(), p); }
-HWY_INLINE void store_v(VF x, std::uint16_t* p, std::uint32_t stream32, std::uint32_t first32) {
-  store_bits(round_stochastic(x, round_bits(stream32, first32)), p);
+HWY_INLINE void store_v(VF x, std::uint16_t* p, std::uint32_t stream32, VU idx) {
+  store_bits(round_stochastic(x, round_bits(stream32, idx)), p);
 }
-HWY_INLINE void store_v(VF x, float* p, std::uint32_t, std::uint32_t) { hn::StoreU(x, DF(), p); }
+HWY_INLINE void store_v(VF x, float* p, std::uint32_t, VU) { hn::StoreU(x, DF(), p); }
 
 // One vector of the update (adamw_element in adamw_cpu.cpp, operation for operation: separate
-// multiplies and adds, IEEE sqrt and division). first32: the low word of the region index of
-// the first lane (bf16 v's rounding bits).
+// multiplies and adds, IEEE sqrt and division). idx: the low words of the lanes' region indices
+// (bf16 v's rounding bits).
 template <typename G, typename S, Weight kWeight>
 HWY_INLINE void adamw_vector(float* HWY_RESTRICT master, S* HWY_RESTRICT m, S* HWY_RESTRICT v,
                              const G* HWY_RESTRICT g, std::uint16_t* HWY_RESTRICT w,
-                             const StepScalars& k, std::uint32_t stream32, std::uint32_t first32) {
+                             const StepScalars& k, std::uint32_t stream32, VU idx) {
   const DF df;
   const VF before = hn::LoadU(df, master);
   const VF gi = hn::Mul(load_f32(df, g), hn::Set(df, k.grad_scale));
@@ -102,7 +103,7 @@ HWY_INLINE void adamw_vector(float* HWY_RESTRICT master, S* HWY_RESTRICT m, S* H
   const VF p = hn::Sub(hn::Mul(before, hn::Set(df, k.decay)),
                        hn::Mul(hn::Set(df, k.step_size), hn::Div(mi, denom)));
   store_m(mi, m);
-  store_v(vi, v, stream32, first32);
+  store_v(vi, v, stream32, idx);
   hn::StoreU(p, df, master);
   if constexpr (kWeight == Weight::plain) store_bits(round_nearest(p), w);
   if constexpr (kWeight == Weight::predict) {
@@ -119,12 +120,16 @@ void adamw_typed(const AdamWRange& r, const StepScalars& k) {
   std::uint16_t* w = r.w;
   const auto stream32 = static_cast<std::uint32_t>(r.stream);
   const auto first32 = static_cast<std::uint32_t>(r.first);
-  const std::size_t lanes = hn::Lanes(DF());
+  const DU du;
+  const std::size_t lanes = hn::Lanes(du);
+  // The lanes' indices, stepped by a vector add: Iota builds its vector through memory on x86,
+  // and rebuilding it per vector held the bf16-state loop back (bench/results, 2026-12-05).
+  VU idx = hn::Iota(du, first32);
+  const VU step = hn::Set(du, static_cast<std::uint32_t>(lanes));
   std::size_t i = 0;
-  for (; i + lanes <= r.n; i += lanes) {
+  for (; i + lanes <= r.n; i += lanes, idx = hn::Add(idx, step)) {
     adamw_vector<G, S, kWeight>(master + i, m + i, v + i, g + i,
-                                kWeight == Weight::none ? nullptr : w + i, k, stream32,
-                                first32 + static_cast<std::uint32_t>(i));
+                                kWeight == Weight::none ? nullptr : w + i, k, stream32, idx);
   }
   if (i == r.n) return;
   // The last partial vector: the same vector code on zero-padded copies, so every element of
@@ -138,7 +143,7 @@ void adamw_typed(const AdamWRange& r, const StepScalars& k) {
   std::memcpy(mb, m + i, rest * sizeof(S));
   std::memcpy(vb, v + i, rest * sizeof(S));
   std::memcpy(gb, g + i, rest * sizeof(G));
-  adamw_vector<G, S, kWeight>(pb, mb, vb, gb, wb, k, stream32, first32 + static_cast<std::uint32_t>(i));
+  adamw_vector<G, S, kWeight>(pb, mb, vb, gb, wb, k, stream32, idx);
   std::memcpy(master + i, pb, rest * sizeof(float));
   std::memcpy(m + i, mb, rest * sizeof(S));
   std::memcpy(v + i, vb, rest * sizeof(S));

@@ -1,6 +1,6 @@
 // The host's Highway loops (optimizer/detail/adamw_simd.cpp, tier/detail/triad_simd.cpp) on every
 // target compiled in that this CPU runs (x86-64: AVX-512 where present, AVX2, SSE4, SSSE3 and the
-// EMU128 fallback; aarch64: SVE2, SVE, NEON, EMU128 as the flags allow), each against a plain
+// scalar fallback; aarch64: SVE2_128 or SVE_256 by vector length, SVE2, SVE, NEON, scalar), each against a plain
 // scalar loop of the documented semantics, bit for bit: AdamW for fp32 and bf16 grads x fp32
 // and bf16 state x every weight mode, the sum of squares, the accumulator and the triad, with
 // lengths around the vector lengths (below one vector, not a multiple), misaligned starts and

@@ -1,7 +1,7 @@
 #pragma once
 // Internal: the host STREAM triad's loop (host_triad.cpp), written once with Google Highway and
-// dispatched at run time to the best target the CPU supports (x86-64: AVX-512, AVX2, SSE4/SSSE3
-// or EMU128; aarch64: what the compiler flags allow, SVE2 under -mcpu=neoverse-v2).
+// dispatched at run time to the best target the CPU supports (x86-64: AVX-512, AVX2, SSE4, SSSE3
+// or scalar; aarch64: SVE2_128, SVE_256, SVE2, SVE, NEON or scalar; see optimizer/detail/adamw_simd.hpp).
 #include <cstddef>
 
 namespace ght::tier::detail {
