@@ -21,6 +21,26 @@ ght_find_c_library(ght_xxhash xxhash.h xxhash)
 
 ght_find_c_library(ght_numa numa.h numa)
 
+# Google Highway (Debian: libhwy-dev; arm64 cross builds: libhwy-dev:arm64): the host's SIMD loops
+# (optimizer/detail/adamw_simd.cpp, tier/detail/triad_simd.cpp), one source for every ISA. Its
+# CMake package first, then pkg-config's libhwy.
+find_package(hwy CONFIG QUIET)
+if(NOT TARGET hwy::hwy)
+  find_package(PkgConfig QUIET)
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(GHT_HWY QUIET IMPORTED_TARGET libhwy)
+  endif()
+  if(NOT GHT_HWY_FOUND)
+    message(FATAL_ERROR "ghtier: Google Highway not found (neither hwy-config.cmake nor pkg-config's "
+            "libhwy). Install libhwy-dev (scripts/install-deps.sh), or libhwy-dev:arm64 for the "
+            "aarch64 cross build (scripts/test-aarch64.sh), or point CMAKE_PREFIX_PATH at it.")
+  endif()
+  add_library(hwy::hwy ALIAS PkgConfig::GHT_HWY)
+endif()
+# Every target Highway can compile for in the SIMD files, the scalar fallback included, so that
+# the tests check each one the CPU runs (tests/optimizer/simd_kernels_test.cpp).
+set(GHT_HWY_DEFINITIONS HWY_COMPILE_ALL_ATTAINABLE)
+
 # mimalloc (optional): system_host's blocks up to 128 KiB, from an arena of ghtier's own on the host
 # NUMA node (alloc/detail/small_heap.cpp). Needs 2.0.9 (exclusive arenas, heaps bound to one); the
 # library is loaded at run time, and a machine without it uses the slab pool.

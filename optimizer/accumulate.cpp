@@ -5,6 +5,7 @@
 #include <string>
 
 #include "optimizer/cpu_threads.hpp"
+#include "optimizer/detail/adamw_simd.hpp"
 #include "optimizer/detail/memory.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -20,30 +21,19 @@ namespace ght::optimizer {
 
 namespace {
 
-inline float widen(float x) { return x; }
-inline float widen(std::uint16_t b) { return bf16_bits_to_float(b); }
-
-template <typename S, bool kAssign>
-void acc_range(float* __restrict d, const S* __restrict s, std::size_t n) {
-#pragma omp simd
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (kAssign) {
-      d[i] = widen(s[i]);
-    } else {
-      d[i] = d[i] + widen(s[i]);
-    }
-  }
-}
-
 // A parallel region costs a few microseconds; below this many elements per thread it does not
 // pay. Fewer threads never change the result (each element is one addition by one thread).
 constexpr std::size_t kMinPerThread = 1 << 15;
 
-template <typename S, bool kAssign>
-void acc_team(float* dst, const S* src, std::size_t n, int threads) {
+// Each thread's contiguous range through the Highway loop (detail/adamw_simd.cpp).
+void acc_team(float* dst, const void* src, GradType type, std::size_t n, bool assign, int threads) {
+  const std::size_t esize = grad_type_size(type);
   parallel_pinned(accumulate_team_size(n, threads), [&](int tid, int team) {
     const Range r = thread_range(n, tid, team);
-    if (r.end > r.begin) acc_range<S, kAssign>(dst + r.begin, src + r.begin, r.end - r.begin);
+    if (r.end > r.begin) {
+      simd::accumulate(dst + r.begin, static_cast<const char*>(src) + r.begin * esize, type,
+                       r.end - r.begin, assign);
+    }
   });
 }
 
@@ -78,15 +68,7 @@ void accumulate(float* dst, const void* src, GradType type, std::size_t n, Accum
                 int threads) {
   if (n == 0) return;
   GHT_EXPECTS(dst != nullptr && src != nullptr, "accumulate: null dst or src");
-  const bool assign = mode == AccumulateMode::assign;
-  if (type == GradType::bf16) {
-    const auto* s = static_cast<const std::uint16_t*>(src);
-    assign ? acc_team<std::uint16_t, true>(dst, s, n, threads)
-           : acc_team<std::uint16_t, false>(dst, s, n, threads);
-  } else {
-    const auto* s = static_cast<const float*>(src);
-    assign ? acc_team<float, true>(dst, s, n, threads) : acc_team<float, false>(dst, s, n, threads);
-  }
+  acc_team(dst, src, type, n, mode == AccumulateMode::assign, threads);
 }
 
 namespace detail {

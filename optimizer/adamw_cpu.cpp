@@ -1,7 +1,5 @@
-// Host AdamW and the deterministic host sum of squares. Compiled with -ffp-contract=off and
-// -fno-math-errno (optimizer/CMakeLists.txt): the first keeps vector body and scalar tail
-// bit-identical (so per-element results never depend on where a thread's range starts), the
-// second lets sqrt vectorise.
+// Host AdamW and the deterministic host sum of squares: the threads' split and the q8 blocks
+// here, the element loops in detail/adamw_simd.cpp (Google Highway, one source for every ISA).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -12,6 +10,7 @@
 
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "optimizer/detail/adamw_simd.hpp"
 #include "tier/cost_model.hpp"
 #include "tier/error.hpp"
 
@@ -166,87 +165,37 @@ float q8_scale(const std::uint8_t* rec) {
   return s;
 }
 
-inline float load_grad(const float* g, std::size_t i) { return g[i]; }
-inline float load_grad(const std::uint16_t* g, std::size_t i) { return bf16_bits_to_float(g[i]); }
-
-// m and v as stored: fp32, or bf16 bits (m rounded to nearest even, v stochastically with the
-// bits of its element's index in the region's stream; see adamw_kernels.hpp).
-inline float load_state(const float* s, std::size_t i) { return s[i]; }
-inline float load_state(const std::uint16_t* s, std::size_t i) { return bf16_bits_to_float(s[i]); }
-inline void store_moments(float* m, float* v, std::size_t i, float mi, float vi, std::uint64_t,
-                          std::uint64_t) {
-  m[i] = mi;
-  v[i] = vi;
-}
-inline void store_moments(std::uint16_t* m, std::uint16_t* v, std::size_t i, float mi, float vi,
-                          std::uint64_t stream, std::uint64_t first) {
-  m[i] = float_to_bf16_bits(mi);
-  v[i] = float_to_bf16_bits_sr(vi, round_bits(stream, first + i));
+// The compute weight the span asks for: none, bf16 of p, or bf16 of p extrapolated by
+// k.extrapolate of this update (adamw_kernels.hpp).
+simd::Weight weight_mode(const AdamWSpan& s, const StepScalars& k) {
+  if (!s.weight) return simd::Weight::none;
+  return k.extrapolate != 0 ? simd::Weight::predict : simd::Weight::plain;
 }
 
-// What the compute weight is written as: W::none (no weight), W::plain (bf16 of p), W::predict
-// (bf16 of p extrapolated by k.extrapolate of this update; the same fp32 operations as the GPU).
-enum class W { none, plain, predict };
-
-// f.template operator()<mode>() for the span's weight mode.
-template <class F>
-void with_weight_mode(const AdamWSpan& s, const StepScalars& k, F&& f) {
-  if (!s.weight) f.template operator()<W::none>();
-  else if (k.extrapolate != 0) f.template operator()<W::predict>();
-  else f.template operator()<W::plain>();
-}
-
-// One element of the update, from its gradient g (unscaled) and old m, v and master: the new
-// m, v and master, in the operation order of adamw_kernels.hpp (every path, every state type).
-struct ElementUpdate {
-  float m, v, p;
-};
-inline ElementUpdate adamw_element(float g, float m, float v, float before, const StepScalars& k) {
-  const float gi = g * k.grad_scale;
-  const float mi = k.beta1 * m + k.one_minus_beta1 * gi;
-  const float vi = k.beta2 * v + k.one_minus_beta2 * (gi * gi);
-  const float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
-  return {mi, vi, before * k.decay - k.step_size * (mi / denom)};
-}
-template <W kWeight>
-inline void store_weight(std::uint16_t* w, std::size_t i, float p, float before, const StepScalars& k) {
-  if constexpr (kWeight == W::plain) w[i] = float_to_bf16_bits(p);
-  if constexpr (kWeight == W::predict) w[i] = float_to_bf16_bits(p + k.extrapolate * (p - before));
-}
-
-template <typename G, typename S, W kWeight>
-void adamw_range(float* __restrict master, S* __restrict m, S* __restrict v,
-                 const G* __restrict g, std::uint16_t* __restrict w, std::size_t n,
-                 const StepScalars k, std::uint64_t stream, std::uint64_t first) {
-#pragma omp simd
-  for (std::size_t i = 0; i < n; ++i) {
-    const float before = master[i];
-    const ElementUpdate u = adamw_element(load_grad(g, i), load_state(m, i), load_state(v, i), before, k);
-    store_moments(m, v, i, u.m, u.v, stream, first);
-    master[i] = u.p;
-    store_weight<kWeight>(w, i, u.p, before, k);
-  }
-}
-
-template <typename G, typename S, W kWeight>
+// The Highway loop (detail/adamw_simd.cpp) over each thread's contiguous range; every element is
+// computed on its own, so the split never changes a byte.
 void adamw_team(const AdamWSpan& s, const StepScalars& k, int threads) {
-  const G* g = static_cast<const G*>(s.grad);
-  auto* m = static_cast<S*>(s.m);
-  auto* v = static_cast<S*>(s.v);
-  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
+  const std::size_t gsize = grad_type_size(s.grad_type);
+  const std::size_t ssize = s.state == StateType::bf16 ? 2 : 4;
+  const simd::Weight wm = weight_mode(s, k);
   const std::uint64_t stream = round_stream(s.key, k.step);
   parallel_pinned(threads, [&](int tid, int nt) {
     const Range r = thread_range(s.n, tid, nt);
     if (r.end <= r.begin) return;
-    adamw_range<G, S, kWeight>(s.master + r.begin, m + r.begin, v + r.begin, g + r.begin,
-                               kWeight != W::none ? w + r.begin : nullptr, r.end - r.begin, k, stream,
-                               s.first + r.begin);
+    simd::AdamWRange a;
+    a.master = s.master + r.begin;
+    a.m = static_cast<char*>(s.m) + r.begin * ssize;
+    a.v = static_cast<char*>(s.v) + r.begin * ssize;
+    a.g = static_cast<const char*>(s.grad) + r.begin * gsize;
+    a.w = wm != simd::Weight::none ? reinterpret_cast<std::uint16_t*>(s.weight) + r.begin : nullptr;
+    a.n = r.end - r.begin;
+    a.grad = s.grad_type;
+    a.bf16_state = s.state == StateType::bf16;
+    a.weight = wm;
+    a.stream = stream;
+    a.first = s.first + r.begin;
+    simd::adamw(a, k);
   });
-}
-
-template <typename G, typename S>
-void adamw_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
-  with_weight_mode(s, k, [&]<W kWeight>() { adamw_team<G, S, kWeight>(s, k, threads); });
 }
 
 // Below this many elements a parallel region costs more than it saves.
@@ -258,29 +207,19 @@ int team_size(std::size_t n, int threads) {
   return static_cast<int>(std::max<std::size_t>(1, std::min<std::size_t>(want, useful)));
 }
 
-template <typename G>
-double sumsq_range(const G* __restrict g, std::size_t n) {
-  double acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (std::size_t i = 0; i < n; ++i) {
-    const double x = static_cast<double>(load_grad(g, i));
-    acc += x * x;
-  }
-  return acc;
-}
-
-template <typename G>
-double sumsq_team(const G* g, std::size_t n, int threads) {
+double sumsq_team(const void* grad, GradType t, std::size_t n, int threads) {
   const std::size_t blocks = (n + kSumsqBlock - 1) / kSumsqBlock;
+  const std::size_t gsize = grad_type_size(t);
   std::vector<double> partial(blocks, 0.0);
   // Blocks, not elements, are split between threads; each block's partial is computed by one
-  // thread in a fixed order, so the in-order sum below is independent of the team size.
+  // thread in a fixed order (the same on every SIMD target, adamw_simd.hpp), so the in-order sum
+  // below is independent of the team size.
   parallel_pinned(team_size(n, threads), [&](int tid, int nt) {
     const Range r = thread_range(blocks, tid, nt, 1);
     for (std::size_t b = r.begin; b < r.end; ++b) {
       const std::size_t lo = b * kSumsqBlock;
       const std::size_t len = std::min(kSumsqBlock, n - lo);
-      partial[b] = sumsq_range(g + lo, len);
+      partial[b] = simd::sumsq(static_cast<const char*>(grad) + lo * gsize, t, len);
     }
   });
   double total = 0;
@@ -288,32 +227,37 @@ double sumsq_team(const G* g, std::size_t n, int threads) {
   return total;
 }
 
-// q8 state: one quantization block (len <= kQ8Block elements, records mrec and vrec); the new m
-// and v of the whole block are known before its scales and codes are written.
-template <typename G, W kWeight>
-void adamw_q8_block(float* __restrict master, std::uint8_t* __restrict mrec, std::uint8_t* __restrict vrec,
-                    const G* __restrict g, std::uint16_t* __restrict w, std::size_t len, const StepScalars& k,
-                    const Q8Tables& t) {
+// q8 state: one quantization block (len <= kQ8Block elements, records mrec and vrec). The codes
+// are looked up into fp32 m and v (one multiply by the scale each), the fp32-state vector loop
+// updates them in place, and the new values of the whole block are quantized.
+void adamw_q8_block(float* master, std::uint8_t* mrec, std::uint8_t* vrec, const void* g,
+                    GradType gt, std::uint16_t* w, simd::Weight wm, std::size_t len,
+                    const StepScalars& k, const Q8Tables& t) {
   const float sm = q8_scale(mrec), sv = q8_scale(vrec);
-  float mo[kQ8Block], vo[kQ8Block];
-#pragma omp simd
+  alignas(64) float mo[kQ8Block], vo[kQ8Block];
   for (std::size_t i = 0; i < len; ++i) {
-    const float before = master[i];
-    const ElementUpdate u = adamw_element(load_grad(g, i), t.m[mrec[i]] * sm, t.v[vrec[i]] * sv, before, k);
-    master[i] = u.p;
-    mo[i] = u.m;
-    vo[i] = u.v;
-    store_weight<kWeight>(w, i, u.p, before, k);
+    mo[i] = t.m[mrec[i]] * sm;
+    vo[i] = t.v[vrec[i]] * sv;
   }
+  simd::AdamWRange a;
+  a.master = master;
+  a.m = mo;
+  a.v = vo;
+  a.g = g;
+  a.w = w;
+  a.n = len;
+  a.grad = gt;
+  a.weight = wm;
+  simd::adamw(a, k);
   q8_store_block(mo, len, mrec, false, t);
   q8_store_block(vo, len, vrec, true, t);
 }
 
-template <typename G, W kWeight>
 void adamw_q8_team(const AdamWSpan& s, const StepScalars& k, int threads) {
-  const G* g = static_cast<const G*>(s.grad);
+  const std::size_t gsize = grad_type_size(s.grad_type);
   auto* m = static_cast<std::uint8_t*>(s.m);
   auto* v = static_cast<std::uint8_t*>(s.v);
+  const simd::Weight wm = weight_mode(s, k);
   auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
   const Q8Tables& t = q8_tables();
   const std::size_t blocks = (s.n + kQ8Block - 1) / kQ8Block;
@@ -321,15 +265,11 @@ void adamw_q8_team(const AdamWSpan& s, const StepScalars& k, int threads) {
     const Range r = thread_range(blocks, tid, nt, 1);
     for (std::size_t b = r.begin; b < r.end; ++b) {
       const std::size_t e = b * kQ8Block;
-      adamw_q8_block<G, kWeight>(s.master + e, m + b * kQ8Record, v + b * kQ8Record, g + e,
-                                 kWeight != W::none ? w + e : nullptr, std::min(kQ8Block, s.n - e), k, t);
+      adamw_q8_block(s.master + e, m + b * kQ8Record, v + b * kQ8Record,
+                     static_cast<const char*>(s.grad) + e * gsize, s.grad_type,
+                     wm != simd::Weight::none ? w + e : nullptr, wm, std::min(kQ8Block, s.n - e), k, t);
     }
   });
-}
-
-template <typename G>
-void adamw_q8_typed(const AdamWSpan& s, const StepScalars& k, int threads) {
-  with_weight_mode(s, k, [&]<W kWeight>() { adamw_q8_team<G, kWeight>(s, k, threads); });
 }
 
 }  // namespace
@@ -364,26 +304,14 @@ void adamw_cpu(const AdamWSpan& s, const StepScalars& k, int threads) {
   if (s.n == 0) return;
   GHT_EXPECTS(s.master && s.m && s.v && s.grad, "adamw_cpu: null master/m/v/grad pointer");
   const int nt = team_size(s.n, threads);
-  if (s.state == StateType::q8) {
-    if (s.grad_type == GradType::bf16) adamw_q8_typed<std::uint16_t>(s, k, nt);
-    else adamw_q8_typed<float>(s, k, nt);
-    return;
-  }
-  const bool bf16_state = s.state == StateType::bf16;
-  if (s.grad_type == GradType::bf16) {
-    if (bf16_state) adamw_typed<std::uint16_t, std::uint16_t>(s, k, nt);
-    else adamw_typed<std::uint16_t, float>(s, k, nt);
-  } else {
-    if (bf16_state) adamw_typed<float, std::uint16_t>(s, k, nt);
-    else adamw_typed<float, float>(s, k, nt);
-  }
+  if (s.state == StateType::q8) adamw_q8_team(s, k, nt);
+  else adamw_team(s, k, nt);
 }
 
 double grad_sumsq_cpu(const void* grad, GradType t, std::size_t n, int threads) {
   if (n == 0) return 0.0;
   GHT_EXPECTS(grad != nullptr, "grad_sumsq_cpu: null gradient pointer");
-  if (t == GradType::bf16) return sumsq_team(static_cast<const std::uint16_t*>(grad), n, threads);
-  return sumsq_team(static_cast<const float*>(grad), n, threads);
+  return sumsq_team(grad, t, n, threads);
 }
 
 }  // namespace ght::optimizer

@@ -172,7 +172,8 @@ GHT_HD std::uint64_t round_stream(std::uint64_t key, std::uint64_t step) {
 }
 /// 16 uniform random bits for element `index` of a stream: a 32-bit mix (Wellons' lowbias32) of
 /// the stream's low word plus a Weyl step of the index. 32-bit multiplies keep the host loop
-/// vectorised (x86-64-v2 and NEON have no 64-bit vector multiply); the bits repeat every 2^32
+/// vectorised (the Highway loop, optimizer/detail/adamw_simd.cpp: SSE4 and NEON have no 64-bit
+/// vector multiply); the bits repeat every 2^32
 /// elements of one region, which leaves neighbouring values independent.
 GHT_HD std::uint32_t round_bits(std::uint64_t stream, std::uint64_t index) {
   std::uint32_t x = static_cast<std::uint32_t>(stream) + static_cast<std::uint32_t>(index) * 0x9E3779B9u;
@@ -237,7 +238,8 @@ struct AdamWSpan {
 };
 
 /**
- * @brief AdamW on the host: OpenMP SIMD over a pinned team, static split (cpu_threads.hpp).
+ * @brief AdamW on the host: Highway SIMD loops (optimizer/detail/adamw_simd.hpp, the best target
+ * the CPU runs) over a pinned team, static split (cpu_threads.hpp).
  * Every pointer must be host-accessible. Results per element do not depend on the thread count.
  * @param threads team size (0 = GHT_CPU_THREADS / cores of the host NUMA node)
  */

@@ -15,7 +15,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config git python3
   libnuma-dev libhwloc-dev libtbb-dev libmimalloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libtoml11-dev libcli11-dev libxxhash-dev
+  nlohmann-json3-dev libtoml11-dev libcli11-dev libxxhash-dev libhwy-dev
   libopenmpi-dev openmpi-bin
 )
 

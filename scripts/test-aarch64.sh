@@ -39,7 +39,7 @@ TESTS=${TESTS:-"tier_topology_test tier_topology_gh200_test tier_host_triad_test
   alloc_host_cache_test alloc_default_allocator_test alloc_faults_test alloc_c_abi_test
   optimizer_adamw_test optimizer_adamw_cpu_path_test optimizer_bf16_test
   optimizer_adamw_bf16_state_test optimizer_adamw_q8_state_test optimizer_accumulate_test
-  optimizer_cpu_threads_test
+  optimizer_cpu_threads_test optimizer_simd_kernels_test
   trainer_model_test trainer_loop_test trainer_checkpoint_test trainer_safetensors_test
   trainer_opt_state_resume_test trainer_zero_test trainer_diloco_test
   trainer_data_test"}
@@ -53,7 +53,7 @@ EXCLUDE=(
 # ---- toolchain ----------------------------------------------------------------------------
 # libc6, libstdc++6 and libgomp1 of arm64 are what the tests run on (see QEMU_LD_PREFIX below).
 PKGS=(g++-aarch64-linux-gnu qemu-user cmake ninja-build
-      libc6:arm64 libstdc++6:arm64 libgomp1:arm64 libnuma-dev:arm64 libhwloc-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libxxhash-dev:arm64
+      libc6:arm64 libstdc++6:arm64 libgomp1:arm64 libnuma-dev:arm64 libhwloc-dev:arm64 libtbb-dev:arm64 libgtest-dev:arm64 libxxhash-dev:arm64 libhwy-dev:arm64
       nlohmann-json3-dev libtoml11-dev libcli11-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -18,12 +18,9 @@
 #include <string>
 #include <thread>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "tier/config.hpp"
 #include "tier/detail/link_detail.hpp"
+#include "tier/detail/triad_simd.hpp"
 #include "tier/error.hpp"
 #include "tier/topology.hpp"
 
@@ -34,25 +31,13 @@ namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kLineFloats = 16;  // 64-byte cache line: slices never share one
 
+// The loop is tier/detail/triad_simd.cpp (Highway, the best target the CPU runs). Slices start
+// and end on cache lines and the arrays are 2 MiB aligned, so every vector up to 64 bytes is
+// aligned and x86's stores are non-temporal; other ISAs store plainly.
 #if defined(__x86_64__)
 constexpr bool kNontemporal = true;
-// Slices start and end on cache lines and the arrays are 2 MiB aligned, so every 4-float vector
-// is 16-byte aligned. 16-byte streaming stores fill the write-combining buffers as well as wider
-// ones, and SSE needs no runtime dispatch on x86-64.
-void triad_part(float* __restrict a, const float* __restrict b, const float* __restrict c,
-                float s, std::size_t lo, std::size_t hi) {
-  const __m128 vs = _mm_set1_ps(s);
-  for (std::size_t i = lo; i < hi; i += 4) {
-    _mm_stream_ps(a + i, _mm_add_ps(_mm_load_ps(b + i), _mm_mul_ps(vs, _mm_load_ps(c + i))));
-  }
-  _mm_sfence();  // streaming stores are weakly ordered: drain them before the team's barrier
-}
 #else
 constexpr bool kNontemporal = false;
-void triad_part(float* __restrict a, const float* __restrict b, const float* __restrict c,
-                float s, std::size_t lo, std::size_t hi) {
-  for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
-}
 #endif
 
 std::vector<int> process_cpus() {
@@ -249,7 +234,7 @@ HostTriadResult measure_host_triad(const HostTriadOptions& o) {
   const float s = 3.0f;
   const TeamBody kernel = [&](int t, int nt) {
     const auto [lo, hi] = slice(n, t, nt);
-    triad_part(a, b, c, s, lo, hi);
+    detail::triad(a + lo, b + lo, c + lo, s, hi - lo);
   };
   double timed = 0;
   for (int rep = -1;; ++rep) {  // rep -1 is the untimed warm-up

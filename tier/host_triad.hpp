@@ -20,7 +20,8 @@
  *    a += b, which pays no write-allocate: its lines are already read) could run at 134% of it.
  *    aarch64: plain stores (Neoverse cores such as Grace's switch to a write-streaming mode on
  *    full-line writes and skip most allocate reads themselves; STNP is only a hint); whether
- *    streaming stores were used is HostTriadResult::nontemporal.
+ *    streaming stores were used is HostTriadResult::nontemporal. The loop is Google Highway's
+ *    (tier/detail/triad_simd.cpp): the widest vectors the CPU runs, AVX2 or AVX-512 on x86-64.
  *  - transparent huge pages asked for with madvise(MADV_HUGEPAGE) before the first touch; how
  *    much the kernel granted is reported (/proc/self/smaps AnonHugePages), since with 4 KiB
  *    pages a 1 GiB array needs 262,144 TLB entries.

@@ -25,6 +25,7 @@
 #include "bench_common.hpp"
 #include "optimizer/accumulate.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "optimizer/detail/adamw_simd.hpp"
 #include "tier/config.hpp"
 
 namespace {
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
     std::cout << "pinned team: " << team << " threads on cpus";
     for (int c : ght::optimizer::pinned_cpu_list()) std::cout << " " << c;
     std::cout << "; arrays of " << ght::config::format_bytes(bytes) << ", " << runs
-              << " timed passes each after a warm-up\n";
+              << " timed passes each after a warm-up; Highway target "
+              << ght::optimizer::simd::active_target() << "\n";
 
     // Interleaved: after each timed triad pass, one timed pass of each accumulator, so that a
     // machine whose bandwidth drifts (other tenants) moves all series alike.

@@ -16,6 +16,7 @@
 #include "optimizer/accumulate.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/cpu_threads.hpp"
+#include "optimizer/detail/adamw_simd.hpp"
 #include "tier/cost_model.hpp"
 
 namespace ght::bench {
@@ -37,7 +38,8 @@ void run_cpu(const Args& args, Report& report) {
   std::cout << "host triad (" << tr.threads << " pinned threads): best " << fmt(triad_bps / 1e9, 1)
             << " GB/s, median " << fmt(tr.median_bps / 1e9, 1) << " GB/s, spread "
             << fmt(100 * triad.spread, 1) << "%, huge pages " << fmt(100 * tr.huge_page_fraction, 0)
-            << "%" << (tr.nontemporal ? "" : ", plain stores") << "\n";
+            << "%" << (tr.nontemporal ? "" : ", plain stores") << "; Highway target "
+            << optimizer::simd::active_target() << "\n";
   report.extra["host_triad"] = {{"bytes_per_s", triad_bps},
                                 {"median_bytes_per_s", tr.median_bps},
                                 {"threads", tr.threads},
@@ -45,7 +47,8 @@ void run_cpu(const Args& args, Report& report) {
                                 {"spread", triad.spread},
                                 {"nontemporal", tr.nontemporal},
                                 {"huge_page_fraction", tr.huge_page_fraction},
-                                {"cpus", optimizer::pinned_cpu_list()}};
+                                {"cpus", optimizer::pinned_cpu_list()},
+                                {"simd_target", optimizer::simd::active_target()}};
   const std::string tb = "triad " + fmt(triad_bps / 1e9, 1) + " GB/s";
   // A measured row against the triad roofline: into the report, and one line on stdout.
   auto add_row = [&](Row& r) {

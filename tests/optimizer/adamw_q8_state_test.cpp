@@ -19,6 +19,7 @@
 #include "optimizer/adamw_harness.hpp"
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/bf16_state_util.hpp"
+#include "optimizer/detail/adamw_simd.hpp"
 #include "optimizer/q8_state_util.hpp"
 
 namespace ght::optimizer {
@@ -211,7 +212,7 @@ void ref_block(test::Q8StateInputs& in, std::size_t b, std::uint16_t* w, const S
   store(vo, vr, true);
 }
 
-TEST(Q8StateCpu, MatchesTheReferenceBitForBit) {
+void check_cpu_against_reference() {
   for (const GradType gt : {GradType::bf16, GradType::fp32}) {
     for (const double x : {0.0, 1.0}) {  // weight extrapolation
       SCOPED_TRACE(std::string(gt == GradType::bf16 ? "bf16" : "fp32") + " grads, extrapolation " + std::to_string(x));
@@ -232,6 +233,18 @@ TEST(Q8StateCpu, MatchesTheReferenceBitForBit) {
       }
       EXPECT_NE(in.m, test::random_q8_state(n, gt, 5).m) << "the state must have changed";
     }
+  }
+}
+
+// On every Highway target the host loops were built for and this CPU runs (the element math is
+// the vector loop of optimizer/detail/adamw_simd.cpp; codes and scales stay scalar).
+TEST(Q8StateCpu, MatchesTheReferenceBitForBit) {
+  for (const std::int64_t target : simd::targets()) {
+    SCOPED_TRACE("Highway target " + simd::target_name(target));
+    simd::force_target_for_test(target);
+    check_cpu_against_reference();
+    simd::force_target_for_test(0);
+    if (HasFatalFailure()) return;
   }
 }
 
