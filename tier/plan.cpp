@@ -20,6 +20,7 @@
 
 namespace ght::tier {
 
+using detail::fixed;
 using detail::gib;
 using detail::is_state;
 
@@ -164,12 +165,29 @@ PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumb
   o.link = link;
   o.step_flops = step_flops;
   o.assumed_tflops = reg.get_float(Key::GHT_ASSUMED_TFLOPS);
+  o.backward_ratio = reg.get_float(Key::GHT_ASSUMED_BWD_RATIO);
   o.stream_staging_bytes =
       2 * reg.get_size(Key::GHT_STAGING_BYTES).resolve(caps.hbm_total, "GHT_STAGING_BYTES");
   return o;
 }
 
 // ---- measurements ---------------------------------------------------------------------------
+
+ComputeCalibration calibrate_compute(const MeasuredPhases& m) {
+  auto positive = [](double x) { return x > 0 && std::isfinite(x); };
+  auto need = [](bool ok, const std::string& field, double x, const char* what) {
+    if (!ok) throw config_error("measurements: phases." + field + " " + what + ", got " + std::to_string(x));
+  };
+  need(positive(m.step_flops), "step_flops", m.step_flops, "must be finite and > 0");
+  need(m.recompute_flops >= 0 && std::isfinite(m.recompute_flops), "recompute_flops", m.recompute_flops,
+       "must be finite and >= 0");
+  need(positive(m.forward_seconds), "forward_seconds", m.forward_seconds, "must be finite and > 0");
+  need(positive(m.backward_seconds), "backward_seconds", m.backward_seconds, "must be finite and > 0");
+  const double r = m.recompute_flops / m.step_flops, f = m.forward_seconds, b = m.backward_seconds;
+  const double rho = (b - r * f) / (f * (1 + r));
+  need(rho > 0, "backward_seconds", b, "leaves no backward besides the recompute the plan predicts");
+  return {m.step_flops / (f * (1 + rho)) / 1e12, rho};
+}
 
 std::vector<Region> apply_measurements(std::vector<Region> regions, const Measurements& m) {
   if (!m.expert_tokens.empty()) {
@@ -269,6 +287,7 @@ bool Plan::operator==(const Plan& o) const {
   const PlanOptions &p = options_, &q = o.options_;
   return link_eq && p.policy == q.policy && p.place == q.place && p.budgets == q.budgets &&
          p.step_flops == q.step_flops && p.assumed_tflops == q.assumed_tflops &&
+         p.backward_ratio == q.backward_ratio &&
          p.stream_staging_bytes == q.stream_staging_bytes &&
          p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
          p.recompute_scratch_bytes == q.recompute_scratch_bytes &&
@@ -306,6 +325,7 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
   p.host_traffic_bytes = t.host_bytes;
   p.host_seconds = t.host_seconds;
   p.compute_seconds = t.compute_seconds;
+  p.forward_seconds = t.compute_seconds / (1 + options.backward_ratio);
   p.recompute_seconds = t.recompute_seconds;
   p.window_seconds = t.window_seconds;
   p.exposed_seconds = t.exposed_seconds;
@@ -457,15 +477,26 @@ struct PlanInputs {
   const PlaceRule* rule(std::size_t i) const { return match[i] >= 0 ? &rules[match[i]] : nullptr; }
 };
 
-/// Policy auto: the regions re-counted from `measured` when there are measurements; a note either way.
-void apply_auto_policy(std::vector<Region>& regions, const PlanOptions& options,
-                       const Measurements* measured, std::vector<std::string>& notes) {
+/// Policy auto: the regions re-counted and the compute rates set from `measured` when there are
+/// measurements; a note either way.
+void apply_auto_policy(std::vector<Region>& regions, PlanOptions& options, const Measurements* measured,
+                       std::vector<std::string>& notes) {
   if (options.policy != Policy::auto_replan) return;
   if (measured != nullptr) {
     regions = apply_measurements(std::move(regions), *measured);
     notes.push_back("auto: re-planned on measured counts (" +
                     std::to_string(measured->expert_tokens.size()) + " expert token counts, " +
                     std::to_string(measured->link_bytes.size()) + " regions' link bytes)");
+    if (measured->phases.present()) {
+      const ComputeCalibration c = calibrate_compute(measured->phases);
+      notes.push_back("auto: compute rates from measured phases (forward " + fixed(measured->phases.forward_seconds, 3) +
+                      " s, backward " + fixed(measured->phases.backward_seconds, 3) + " s): " + fixed(c.tflops, 0) +
+                      " TFLOP/s sustained (GHT_ASSUMED_TFLOPS " + fixed(options.assumed_tflops, 0) +
+                      "), backward " + fixed(c.backward_ratio, 2) + "x the forward (GHT_ASSUMED_BWD_RATIO " +
+                      fixed(options.backward_ratio, 2) + ")");
+      options.assumed_tflops = c.tflops;
+      options.backward_ratio = c.backward_ratio;
+    }
   } else {
     notes.push_back("auto: no measurements yet; planned as greedy until a warm-up step supplies them");
   }
@@ -770,9 +801,10 @@ void add_greedy_notes(const PlanInputs& in, const std::vector<Candidates>& cands
 
 }  // namespace
 
-Plan make_plan(std::vector<Region> regions, const PlanOptions& options, const Measurements* measured) {
+Plan make_plan(std::vector<Region> regions, const PlanOptions& requested, const Measurements* measured) {
   validate_regions(regions);
   std::vector<std::string> notes;
+  PlanOptions options = requested;
   apply_auto_policy(regions, options, measured, notes);
   const std::vector<PlaceRule> rules = parse_place_rules(options.place);
   const std::vector<int> match =

@@ -125,6 +125,10 @@ struct PlanOptions {
   LinkNumbers link;
   double step_flops = 0;    ///< training FLOPs per step (sizes the overlap window)
   double assumed_tflops = 450;
+  /// Backward compute time over forward compute time (recompute excluded): how the step's
+  /// compute splits into the forward and backward phases a run measures (GHT_ASSUMED_BWD_RATIO;
+  /// FLOPs alone give 2).
+  double backward_ratio = 2.75;
   /// Double-buffered pinned staging the gradient stream needs, reserved in host memory while
   /// any gradient region streams (2 x GHT_STAGING_BYTES).
   std::uint64_t stream_staging_bytes = 0;
@@ -156,11 +160,34 @@ struct RegionLinkBytes {
   double h2d_bytes = 0;  ///< bytes moved host -> device per step while it lived on the host
   double d2h_bytes = 0;
 };
+/// A run's compute phases per step (medians after its warm-up step), which calibrate the plan's
+/// compute rates: the step FLOPs and recompute FLOPs of the plan it ran, and the forward and
+/// backward seconds measured (recompute included in the backward).
+struct MeasuredPhases {
+  double step_flops = 0;
+  double recompute_flops = 0;
+  double forward_seconds = 0;
+  double backward_seconds = 0;
+  [[nodiscard]] bool present() const { return forward_seconds > 0 || backward_seconds > 0; }
+};
 struct Measurements {
   double step_tokens = 0;  ///< tokens in the warm-up step (routing frequency = tokens / this)
   std::vector<ExpertTokens> expert_tokens;
   std::vector<RegionLinkBytes> link_bytes;
+  MeasuredPhases phases;   ///< none when !phases.present()
 };
+
+/// The compute rates that reproduce measured phases under the cost model's own assumptions:
+/// with F step FLOPs, R recompute FLOPs, forward f and backward b seconds, the model predicts
+/// f = F / (S (1 + rho)) and b = rho f + R / S, so
+///   rho = (b - (R/F) f) / (f (1 + R/F)),   S = F / (f (1 + rho)).
+struct ComputeCalibration {
+  double tflops = 0;          ///< S / 1e12: the sustained rate (PlanOptions::assumed_tflops)
+  double backward_ratio = 0;  ///< rho (PlanOptions::backward_ratio)
+};
+/// @throws ght::config_error naming the field when the phases are not finite and positive, or the
+/// backward is shorter than its recompute
+[[nodiscard]] ComputeCalibration calibrate_compute(const MeasuredPhases& m);
 
 /// Regions updated by measurements: routing frequencies from expert token counts, and the
 /// host-side GPU accesses of each measured region scaled so that its predicted link bytes per
@@ -190,6 +217,7 @@ struct Prediction {
   double host_traffic_bytes = 0;  ///< CPU reads + writes of host memory
   double host_seconds = 0;
   double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS, recompute excluded
+  double forward_seconds = 0;     ///< the forward's part of compute_seconds (backward_ratio)
   double recompute_seconds = 0;
   double window_seconds = 0;      ///< compute + recompute: what transfers can hide behind
   double exposed_seconds = 0;     ///< recompute + transfers that do not hide
@@ -257,7 +285,9 @@ class Plan {
 };
 
 /// Plan `regions` under `options` (policy, rules, budgets, link numbers, step FLOPs).
-/// `measured` feeds the auto policy (ignored by the others).
+/// `measured` feeds the auto policy (ignored by the others): expert token counts set routing
+/// frequencies, link bytes scale the regions' host-side accesses, and measured phases set the
+/// compute rates (calibrate_compute: GHT_ASSUMED_TFLOPS and GHT_ASSUMED_BWD_RATIO as measured).
 /// @throws ght::config_error for a malformed or inapplicable GHT_PLACE rule (naming it);
 ///         infeasible_plan when no placement fits the budgets (naming the budget to raise);
 ///         ght::logic_error for invalid regions.

@@ -8,17 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "tier/config.hpp"
+#include "tier/plan_detail.hpp"
 
 namespace ght::tier {
 
 namespace {
 
-std::string fixed(double v, int digits) {
-  if (!std::isfinite(v)) return "inf";
-  char b[48];
-  std::snprintf(b, sizeof b, "%.*f", digits, v);
-  return b;
-}
+using detail::fixed;
 
 std::string gib(std::uint64_t b) { return fixed(static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0), 1); }
 
@@ -214,7 +210,8 @@ SearchResult search_plans(const std::vector<Dimension>& dims, const PlanCandidat
 
 Phases predicted_phases(const Prediction& p) {
   Phases f;
-  f.forward = p.compute_seconds / 3;
+  // Plans read from JSON written before the forward's share was kept: the FLOP ratio's third.
+  f.forward = p.forward_seconds > 0 ? p.forward_seconds : p.compute_seconds / 3;
   f.backward = p.compute_seconds - f.forward + p.recompute_seconds;
   f.exposed_update = std::max(0.0, p.exposed_seconds - p.recompute_seconds);
   f.step = p.step_seconds;

@@ -135,8 +135,8 @@ class plan_refused : public ght::out_of_memory {
 /// nothing fits at all, the missing bytes of the nearest plan).
 [[nodiscard]] std::string refusal_message(const SearchResult& r, double tokens_per_step);
 
-/// Predicted phases of a plan (forward = a third of compute, backward = the rest plus recompute,
-/// exposed update = exposed seconds less recompute).
+/// Predicted phases of a plan (forward = its share of compute, Prediction::forward_seconds;
+/// backward = the rest plus recompute; exposed update = exposed seconds less recompute).
 struct Phases {
   double forward = 0, backward = 0, exposed_update = 0, step = 0;
 };

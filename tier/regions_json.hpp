@@ -21,6 +21,7 @@
  * Every key but name, class and bytes is optional (defaults as in plan.hpp). Unknown keys,
  * wrong types and negative sizes are errors naming the file and the key's path.
  */
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,11 +45,18 @@ struct RegionSet {
 /// Warm-up counts for the auto policy:
 ///   {"step_tokens": 32768,
 ///    "expert_tokens": [{"layer": 0, "expert": 3, "tokens": 2100}, ...],
-///    "link_bytes": [{"region": "layer0.expert3.grad", "h2d_bytes": 0, "d2h_bytes": 3.1e8}, ...]}
+///    "link_bytes": [{"region": "layer0.expert3.grad", "h2d_bytes": 0, "d2h_bytes": 3.1e8}, ...],
+///    "phases": {"step_flops": 6.2e15, "recompute_flops": 0, "forward_seconds": 3.9,
+///               "backward_seconds": 10.7}}
+/// Every part is optional; phases need step_flops, forward_seconds and backward_seconds
+/// (MeasuredPhases, calibrate_compute).
 [[nodiscard]] std::string measurements_to_json(const Measurements& m);
 /// @throws ght::io_error naming `origin` and the offending key path.
 [[nodiscard]] Measurements measurements_from_json(const std::string& text, const std::string& origin);
 /// Read a file and parse it. @throws ght::io_error naming the path.
 [[nodiscard]] Measurements load_measurements_file(const std::string& path);
+/// The file GHT_PLAN_MEASUREMENTS names, read (errors name the option and the file); none when
+/// the option is empty.
+[[nodiscard]] std::optional<Measurements> configured_measurements();
 
 }  // namespace ght::tier

@@ -159,6 +159,8 @@ void run(const PlanArgs& a) {
   if (!a.hbm.empty()) set_config_flag("GHT_HBM_BUDGET", a.hbm);
   if (!a.host.empty()) set_config_flag("GHT_HOST_BUDGET", a.host);
   if (!a.policy.empty()) set_config_flag("GHT_POLICY", a.policy);
+  // Measurements are the auto policy's input: given without a policy, they ask for it.
+  if (!a.measurements.empty() && a.policy.empty()) set_config_flag("GHT_POLICY", "auto");
   if (!a.place.empty()) set_config_flag("GHT_PLACE", a.place);
   auto& reg = ght::config::cfg();
 
@@ -215,7 +217,11 @@ void run(const PlanArgs& a) {
   const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
   auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
   std::optional<ght::tier::Measurements> measured;
-  if (!a.measurements.empty()) measured = ght::tier::load_measurements_file(a.measurements);
+  if (!a.measurements.empty()) {
+    measured = ght::tier::load_measurements_file(a.measurements);
+  } else {
+    measured = ght::tier::configured_measurements();  // GHT_PLAN_MEASUREMENTS
+  }
   if (!trainer_cfg) {
     emit(ght::tier::make_plan(std::move(regions), options, measured ? &*measured : nullptr), a, header);
     return;
@@ -269,7 +275,8 @@ void setup(CLI::App& app) {
   c->add_option("--regions", a->regions, "Plan the regions of this JSON file (tier/regions_json.hpp)")
       ->type_name("FILE");
   c->add_option("--measurements", a->measurements,
-                "auto policy: counts measured in a warm-up step (JSON: step_tokens, expert_tokens, link_bytes)")
+                "Plan on measurements (sets --policy auto unless given): a run directory's measurements.json, or "
+                "JSON with step_tokens, expert_tokens, link_bytes, phases (overrides GHT_PLAN_MEASUREMENTS)")
       ->type_name("FILE");
   c->add_option("--from-json", a->from_json, "Print a plan saved with --json instead of planning")
       ->type_name("FILE");

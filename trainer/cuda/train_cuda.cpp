@@ -107,6 +107,7 @@ double CudaRun::eval_loss(const Batch& b) {
 
 void CudaRun::finish(bool ok) {
   write_profile();  // a run that ended (or was stopped, or failed) before N steps
+  if (ok) write_measurements();  // the medians of every step after the warm-up
   if (graphs_on_ && model_) {
     const std::string& off = model_->cuda_graphs_off();
     say("CUDA graphs: " + std::to_string(model_->cuda_graph_launches()) + " of " + std::to_string(train_micro_batches_) +

@@ -72,6 +72,7 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
 
 void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
   const StepProfile& p = last_profile_;
+  keep_phases(step, p);
   if (step == first_step_ + 1) {
     log.print(std::string("attention ran: ") + std::string(kernels::cuda::to_string(model_->attention_used())));
     const tier::Prediction& pr = plan_->prediction();
@@ -92,6 +93,8 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
   if (step == first_step_ + 3 || (step == cfg_.steps && step < first_step_ + 3)) {
     const tier::Phases measured{p.forward_ms / 1e3, p.backward_ms / 1e3, p.opt_exposed_ms / 1e3, p.wall_ms / 1e3};
     log.print(tier::compare_phases(predicted_, measured));
+    replan_on_measurements(log);
+    write_measurements();
   }
   log.log_event(pj);
   if (cfg_.log_every > 0 && (step % cfg_.log_every == 0 || step == cfg_.steps)) {

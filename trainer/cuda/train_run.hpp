@@ -223,6 +223,15 @@ class CudaRun final : public TrainBackend {
   StepProfile measure_step(double wall_s, const optimizer::StepResult& sr, double opt_host_ms);
   /// Write <out>/profile.json from profile_ if it holds steps not yet written.
   void write_profile();
+  // The plan against the run's own measurements (train_replan.cpp).
+  /// Keep step `step`'s forward and backward once the warm-up step is behind (traced steps left out).
+  void keep_phases(std::int64_t step, const StepProfile& p);
+  /// The medians of the kept phases with the plan's step and recompute FLOPs; no phases when none kept.
+  [[nodiscard]] tier::Measurements measurements() const;
+  /// <out>/measurements.json from measurements(), when there are phases (rank 0 alone).
+  void write_measurements() const;
+  /// GHT_POLICY=auto: the search again on measurements(), logged beside the plan this run follows.
+  void replan_on_measurements(MetricsLogger& log) const;
   std::size_t profile_written_ = 0;
   std::string stats_report() const;
   /// Bytes of fp32 master, m and v the allocator placed on tier t.
@@ -295,6 +304,10 @@ class CudaRun final : public TrainBackend {
   TrainRunOptions run_;
   std::optional<tier::Plan> plan_;
   tier::Phases predicted_{};  // the plan's phases, checked against the measured ones (after_step)
+  tier::PlanOptions plan_base_{};  // what the plan was made from, for the auto policy's re-plan
+  PlanScope plan_scope_{};
+  tier::Settings plan_settings_;   // the search's choice this run follows
+  std::vector<double> phase_fwd_s_, phase_bwd_s_;  // measured after the warm-up step (keep_phases)
   bool stream_grads_ = false;
   std::vector<bool> recompute_;
   // Declaration order is destruction order reversed: the optimizer (which reads the gradient

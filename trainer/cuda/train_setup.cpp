@@ -1,5 +1,6 @@
 // The CUDA run's setup: the device, the plan and its allocator, the model, the optimizer and what
 // the run reports about them before its first step.
+#include "tier/regions_json.hpp"
 #include "trainer/cuda/train_run.hpp"
 
 namespace ght::trainer::cuda_run {
@@ -16,7 +17,8 @@ namespace {
 // candidate placed greedily by default (GHT_POLICY), GHT_PLACE rules when set. `scope.ranks`: the
 // data-parallel ranks that shard the optimizer state (ZeRO-1; 1: none). The LM-head chunk is sized
 // with the plan (from free HBM), and the model must run with it.
-DecidedPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& a, const PlanScope& scope) {
+// GHT_PLAN_MEASUREMENTS feeds the auto policy from the start (a file an earlier run wrote).
+tier::PlanOptions run_plan_options(const ModelConfig& mc, const alloc::tiered_allocator& a) {
   const config::Registry& reg = config::cfg();
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
@@ -26,7 +28,7 @@ DecidedPlan make_run_plan(const ModelConfig& mc, const alloc::tiered_allocator& 
   auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
   options.budgets.hbm = planned(a.report(TierKind::hbm).budget);
   options.budgets.host = planned(a.report(TierKind::host).budget);
-  return decide_plan(mc, options, scope);
+  return options;
 }
 
 }  // namespace
@@ -75,7 +77,11 @@ void CudaRun::setup() {
 std::int64_t CudaRun::plan_placement() {
   const ModelConfig& mc = cfg_.model;
   alloc_ = alloc::make_default_tiered_allocator();
-  DecidedPlan decided = make_run_plan(mc, *alloc_, PlanScope{zero1() ? s_.comm->size() : 1, !cfg_.diloco.on()});
+  plan_base_ = run_plan_options(mc, *alloc_);
+  plan_scope_ = PlanScope{zero1() ? s_.comm->size() : 1, !cfg_.diloco.on()};
+  const std::optional<tier::Measurements> measured = tier::configured_measurements();
+  DecidedPlan decided = decide_plan(mc, plan_base_, plan_scope_, measured ? &*measured : nullptr);
+  plan_settings_ = decided.search.best().settings;
   ModelPlan& run_plan = decided.model;
   plan_ = std::move(run_plan.plan);
   predicted_ = tier::predicted_phases(plan_->prediction());
