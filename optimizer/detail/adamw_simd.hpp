@@ -41,6 +41,44 @@ struct AdamWRange {
 /// with round_bits(stream, first + i), exactly as float_to_bf16_bits_sr).
 void adamw(const AdamWRange& r, const StepScalars& k);
 
+/// q8 state's nearest-code search on the host. Bucket b holds the positive fp32 values whose top
+/// 16 bits are b; every value from 1.0 up (b >= kQ8IndexTop) has the largest code, since every
+/// finite midpoint is below 1. Entry b: bits 16..23 the number of midpoints below the bucket's
+/// smallest value, bits 0..15 the low 16 bits of the one midpoint inside the bucket (0xFFFF when
+/// none; no bucket holds two, checked when the index is built). The code of a positive q of the
+/// bucket is then start + (low 16 bits of q > those bits): the integer order of positive floats
+/// with the same top bits is their order, so this counts the midpoints below q, as q8_search.
+inline constexpr std::uint32_t kQ8IndexTop = 0x3F80;  // 1.0's bucket
+struct Q8Index {
+  std::uint32_t m[kQ8IndexTop + 1];  ///< m's magnitudes (m_mid)
+  std::uint32_t v[kQ8IndexTop + 1];  ///< v (v_mid)
+};
+/// The index of q8_tables(), built once (adamw_cpu.cpp).
+[[nodiscard]] const Q8Index& q8_index();
+
+/// One range of q8 state: n elements from a block boundary (whole block records at m and v, the
+/// last block's elements possibly fewer than kQ8Block). g fp32 or bf16 bits; w may be null with
+/// Weight::none.
+struct Q8Range {
+  float* master = nullptr;
+  std::uint8_t* m = nullptr;
+  std::uint8_t* v = nullptr;
+  const void* g = nullptr;
+  std::uint16_t* w = nullptr;
+  std::size_t n = 0;
+  GradType grad = GradType::fp32;
+  Weight weight = Weight::none;
+};
+
+/// The q8 update of every block of r, fused per block: codes times scale to fp32 m and v, the
+/// fp32 update (as adamw on fp32 state), the block's absmax (x > acc ? x : acc over |x|: NaN
+/// never counts) and the new codes (nearest map entry to x · (1 / absmax), Q8Index), then zero
+/// codes after the last element and the scale.
+void adamw_q8(const Q8Range& r, const StepScalars& k);
+
+/// One block record from len <= kQ8Block values: the scale, the nearest codes, 0 after len.
+void q8_store_block(const float* x, std::size_t len, std::uint8_t* rec, bool is_v);
+
 /// Σ g² in double of n gradients (fp32 or bf16 bits). The order of the additions is fixed and
 /// the same on every target: element i goes to partial sum i mod 8, and the eight partials are
 /// added as ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) at the end.
