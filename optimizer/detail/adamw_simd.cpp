@@ -88,18 +88,22 @@ HWY_INLINE void store_v(VF x, float* p, std::uint32_t, VU) { hn::StoreU(x, DF(),
 
 // The update of one vector on fp32 m and v held in registers (adamw_element in adamw_cpu.cpp,
 // operation for operation: separate multiplies and adds, IEEE sqrt and division): m and v become
-// this step's values, master and the compute weight are stored.
-template <typename G, Weight kWeight>
-HWY_INLINE void update(float* HWY_RESTRICT master, VF& m, VF& v, const G* HWY_RESTRICT g,
-                       std::uint16_t* HWY_RESTRICT w, const StepScalars& k) {
+// this step's values; returns the new master from its value before.
+template <typename G>
+HWY_INLINE VF update(VF before, VF& m, VF& v, const G* HWY_RESTRICT g, const StepScalars& k) {
   const DF df;
-  const VF before = hn::LoadU(df, master);
   const VF gi = hn::Mul(load_f32(df, g), hn::Set(df, k.grad_scale));
   m = hn::Add(hn::Mul(hn::Set(df, k.beta1), m), hn::Mul(hn::Set(df, k.one_minus_beta1), gi));
   v = hn::Add(hn::Mul(hn::Set(df, k.beta2), v), hn::Mul(hn::Set(df, k.one_minus_beta2), hn::Mul(gi, gi)));
   const VF denom = hn::Add(hn::Mul(hn::Sqrt(v), hn::Set(df, k.inv_sqrt_bc2)), hn::Set(df, k.eps));
-  const VF p = hn::Sub(hn::Mul(before, hn::Set(df, k.decay)),
-                       hn::Mul(hn::Set(df, k.step_size), hn::Div(m, denom)));
+  return hn::Sub(hn::Mul(before, hn::Set(df, k.decay)), hn::Mul(hn::Set(df, k.step_size), hn::Div(m, denom)));
+}
+
+// The new master p and the compute weight the mode asks for.
+template <Weight kWeight>
+HWY_INLINE void store_master(VF p, VF before, float* HWY_RESTRICT master, std::uint16_t* HWY_RESTRICT w,
+                             const StepScalars& k) {
+  const DF df;
   hn::StoreU(p, df, master);
   if constexpr (kWeight == Weight::plain) store_bits(round_nearest(p), w);
   if constexpr (kWeight == Weight::predict) {
@@ -108,17 +112,20 @@ HWY_INLINE void update(float* HWY_RESTRICT master, VF& m, VF& v, const G* HWY_RE
 }
 
 // One vector of the update on fp32 or bf16 state in memory. idx: the low words of the lanes'
-// region indices (bf16 v's rounding bits).
+// region indices (bf16 v's rounding bits). m and v are stored before master (stored after it,
+// the bf16-state loop runs 6% slower on AVX2 with GCC 12).
 template <typename G, typename S, Weight kWeight>
 HWY_INLINE void adamw_vector(float* HWY_RESTRICT master, S* HWY_RESTRICT m, S* HWY_RESTRICT v,
                              const G* HWY_RESTRICT g, std::uint16_t* HWY_RESTRICT w,
                              const StepScalars& k, std::uint32_t stream32, VU idx) {
   const DF df;
+  const VF before = hn::LoadU(df, master);
   VF mi = load_f32(df, m);
   VF vi = load_f32(df, v);
-  update<G, kWeight>(master, mi, vi, g, w, k);
+  const VF p = update(before, mi, vi, g, k);
   store_m(mi, m);
   store_v(vi, v, stream32, idx);
+  store_master<kWeight>(p, before, master, w, k);
 }
 
 template <typename G, typename S, Weight kWeight>
@@ -280,7 +287,9 @@ void q8_block(float* HWY_RESTRICT master, std::uint8_t* mrec, std::uint8_t* vrec
   for (; i + lanes <= len; i += lanes) {
     VF mi = dequantize(q.t.m, load_codes(mrec + i), sm);
     VF vi = dequantize(q.t.v, load_codes(vrec + i), sv);
-    update<G, kWeight>(master + i, mi, vi, g + i, kWeight == Weight::none ? nullptr : w + i, k);
+    const VF before = hn::LoadU(df, master + i);
+    const VF p = update(before, mi, vi, g + i, k);
+    store_master<kWeight>(p, before, master + i, kWeight == Weight::none ? nullptr : w + i, k);
     hn::Store(mi, df, mo + i);
     hn::Store(vi, df, vo + i);
     am = absmax_step(am, mi);
@@ -295,7 +304,8 @@ void q8_block(float* HWY_RESTRICT master, std::uint8_t* mrec, std::uint8_t* vrec
     std::memcpy(gb, g + i, rest * sizeof(G));
     VF mi = dequantize(q.t.m, load_codes(mrec + i), sm);
     VF vi = dequantize(q.t.v, load_codes(vrec + i), sv);
-    update<G, kWeight>(pb, mi, vi, gb, wb, k);
+    const VF before = hn::Load(df, pb);
+    store_master<kWeight>(update(before, mi, vi, gb, k), before, pb, wb, k);
     std::memcpy(master + i, pb, rest * sizeof(float));
     if (kWeight != Weight::none) std::memcpy(w + i, wb, rest * sizeof(std::uint16_t));
     hn::Store(mi, df, mo + i);
