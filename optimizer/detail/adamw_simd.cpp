@@ -1,7 +1,8 @@
-// The host's AdamW, sum of squares and accumulator loops, once for every Highway target
-// (adamw_simd.hpp). Compiled with -ffp-contract=off (optimizer/CMakeLists.txt): GCC would
-// otherwise fuse a vector multiply and add into an FMA, which rounds once instead of twice.
-// foreach_target.h compiles this file once per target, each copy in its own namespace.
+// The host's AdamW (fp32, bf16 and q8 state), q8 quantizer, sum of squares and accumulator
+// loops, once for every Highway target (adamw_simd.hpp). Compiled with -ffp-contract=off
+// (optimizer/CMakeLists.txt): GCC would otherwise fuse a vector multiply and add into an FMA,
+// which rounds once instead of twice. foreach_target.h compiles this file once per target, each
+// copy in its own namespace.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "optimizer/detail/adamw_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep

@@ -1,13 +1,13 @@
 #pragma once
-// Internal: the host's element loops (AdamW over fp32 and bf16 state, the sum of squares, the
-// gradient accumulator) written once with Google Highway. Every target Highway can build for is
-// in the binary and the best one the CPU supports runs (dynamic dispatch): on x86-64 AVX-512,
-// AVX2, SSE4, SSSE3 and the one-lane scalar fallback (HWY_SCALAR: GCC before 12.3 has no
-// EMU128); on aarch64 SVE2_128 (128-bit SVE2, Grace), SVE_256, SVE2, SVE, NEON and scalar.
-// The loops never fuse a multiply and an add
-// and compute every element on its own, so each target gives the bytes of the scalar semantics
-// in adamw_kernels.hpp (the GPU kernels' bytes), wherever a thread's range starts.
-// adamw_cpu.cpp and accumulate.cpp split the work over threads and call these per range.
+// Internal: the host's element loops (AdamW over fp32, bf16 and q8 state, the q8 quantizer, the
+// sum of squares, the gradient accumulator) written once with Google Highway. Every target
+// Highway can build for is in the binary and the best one the CPU supports runs (dynamic
+// dispatch): on x86-64 AVX-512, AVX2, SSE4, SSSE3 and the one-lane scalar fallback (HWY_SCALAR:
+// GCC before 12.3 has no EMU128); on aarch64 SVE2_128 (128-bit SVE2, Grace), SVE_256, SVE2, SVE,
+// NEON and scalar. The loops never fuse a multiply and an add and compute every element on its
+// own, so each target gives the bytes of the scalar semantics in adamw_kernels.hpp (the GPU
+// kernels' bytes), wherever a thread's range starts. adamw_cpu.cpp and accumulate.cpp split the
+// work over threads and call these per range.
 #include <cstddef>
 #include <cstdint>
 #include <string>
