@@ -1,5 +1,6 @@
-// Host AdamW and the deterministic host sum of squares: the threads' split and the q8 blocks
-// here, the element loops in detail/adamw_simd.cpp (Google Highway, one source for every ISA).
+// Host AdamW and the deterministic host sum of squares: the threads' split and the q8 maps and
+// search index here, the element loops (the q8 blocks' included) in detail/adamw_simd.cpp
+// (Google Highway, one source for every ISA).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -95,68 +96,36 @@ Q8Tables make_q8_tables() {
   return t;
 }
 
-// Block absmax as the GPU computes it (x > acc ? x : acc: order-independent for non-NaN values).
-float q8_absmax(const float* x, std::size_t len) {
-  float s = 0;
-  for (std::size_t i = 0; i < len; ++i) {
-    const float a = x[i] < 0 ? -x[i] : x[i];
-    s = a > s ? a : s;
+// The host's nearest-code search (simd::Q8Index): per bucket of 65,536 fp32 values the count of
+// midpoints below it and the one midpoint inside it, if any. Fails if a bucket below 1.0 held two
+// midpoints (one comparison per value would not find the code) or if a midpoint were 1.0 or more.
+void fill_q8_index(std::uint32_t* out, const float* mid, unsigned count, unsigned half) {
+  for (std::uint32_t b = 0; b <= simd::kQ8IndexTop; ++b) {
+    out[b] = (q8_search(mid, half, std::bit_cast<float>(b << 16)) << 16) | 0xFFFFu;
   }
-  return s;
+  for (unsigned c = 0; c + 1 < count; ++c) {  // the last midpoint is +inf
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(mid[c]);
+    GHT_EXPECTS(mid[c] > 0 && mid[c] < 1.0f, "q8 index: a finite midpoint outside (0, 1)");
+    std::uint32_t& e = out[bits >> 16];
+    GHT_EXPECTS((e & 0xFFFFu) == 0xFFFFu, "q8 index: two midpoints in one bucket");
+    e = (e & ~0xFFFFu) | (bits & 0xFFFFu);
+  }
 }
 
-// The host's nearest-code search: for every bf16 bucket b (the fp32 values whose top 16 bits are
-// b), the number of midpoints below its smallest value (0 for negative buckets: every midpoint is
-// positive). Every q of the bucket is at least that value, so counting on from there while the
-// next midpoint is below q ends where q8_search does (the midpoints are sorted, the last is +inf),
-// in a step or two instead of 7 or 8 dependent loads. NaN, which q8_search counts as 0, is tested
-// first: the +inf bucket also holds NaNs.
-struct Q8HostIndex {
-  std::uint8_t m[1u << 16];
-  std::uint8_t v[1u << 16];
-};
-
-Q8HostIndex make_q8_host_index(const Q8Tables& t) {
-  Q8HostIndex x{};
-  for (std::uint32_t b = 0; b < (1u << 16); ++b) {
-    const float lo = std::bit_cast<float>(b << 16);
-    x.m[b] = static_cast<std::uint8_t>(q8_search(t.m_mid, 64, lo));
-    x.v[b] = static_cast<std::uint8_t>(q8_search(t.v_mid, 128, lo));
-  }
+simd::Q8Index make_q8_index(const Q8Tables& t) {
+  simd::Q8Index x{};
+  fill_q8_index(x.m, t.m_mid, 128, 64);
+  fill_q8_index(x.v, t.v_mid, 256, 128);
   return x;
 }
 
-const Q8HostIndex& q8_host_index() {
-  static const Q8HostIndex x = make_q8_host_index(q8_tables());
-  return x;
-}
-
-inline unsigned q8_count(const std::uint8_t* start, const float* mid, float q) {
-  if (q != q) return 0;
-  unsigned c = start[std::bit_cast<std::uint32_t>(q) >> 16];
-  while (q > mid[c]) ++c;
-  return c;
-}
-inline std::uint8_t host_code_m(const Q8Tables& t, const Q8HostIndex& x, float q) {
-  const unsigned mag = q8_count(x.m, t.m_mid, q < 0 ? -q : q);
-  return static_cast<std::uint8_t>(mag == 0 ? 0u : mag | (q < 0 ? 0x80u : 0u));
-}
-inline std::uint8_t host_code_v(const Q8Tables& t, const Q8HostIndex& x, float q) {
-  return static_cast<std::uint8_t>(q8_count(x.v, t.v_mid, q));
-}
-
-// One block record from len <= kQ8Block values: the scale, the nearest codes, 0 after len.
-void q8_store_block(const float* x, std::size_t len, std::uint8_t* rec, bool is_v, const Q8Tables& t) {
-  const float s = q8_absmax(x, len);
-  const float r = s > 0 ? 1.0f / s : 0.0f;
-  const Q8HostIndex& ix = q8_host_index();
-  if (is_v) {
-    for (std::size_t i = 0; i < len; ++i) rec[i] = host_code_v(t, ix, x[i] * r);
-  } else {
-    for (std::size_t i = 0; i < len; ++i) rec[i] = host_code_m(t, ix, x[i] * r);
-  }
-  std::memset(rec + len, 0, kQ8Block - len);
-  std::memcpy(rec + kQ8Block, &s, sizeof s);
+// The number of midpoints below q (0 for NaN and for every q with the sign bit), one element of
+// the vector search in detail/adamw_simd.cpp.
+inline unsigned q8_count(const std::uint32_t* index, float q) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(q);
+  if (bits > 0x7F800000u) return 0;
+  const std::uint32_t e = index[std::min(bits >> 16, simd::kQ8IndexTop)];
+  return (e >> 16) + ((bits & 0xFFFFu) > (e & 0xFFFFu) ? 1u : 0u);
 }
 
 float q8_scale(const std::uint8_t* rec) {
@@ -227,48 +196,25 @@ double sumsq_team(const void* grad, GradType t, std::size_t n, int threads) {
   return total;
 }
 
-// q8 state: one quantization block (len <= kQ8Block elements, records mrec and vrec). The codes
-// are looked up into fp32 m and v (one multiply by the scale each), the fp32-state vector loop
-// updates them in place, and the new values of the whole block are quantized.
-void adamw_q8_block(float* master, std::uint8_t* mrec, std::uint8_t* vrec, const void* g,
-                    GradType gt, std::uint16_t* w, simd::Weight wm, std::size_t len,
-                    const StepScalars& k, const Q8Tables& t) {
-  const float sm = q8_scale(mrec), sv = q8_scale(vrec);
-  alignas(64) float mo[kQ8Block], vo[kQ8Block];
-  for (std::size_t i = 0; i < len; ++i) {
-    mo[i] = t.m[mrec[i]] * sm;
-    vo[i] = t.v[vrec[i]] * sv;
-  }
-  simd::AdamWRange a;
-  a.master = master;
-  a.m = mo;
-  a.v = vo;
-  a.g = g;
-  a.w = w;
-  a.n = len;
-  a.grad = gt;
-  a.weight = wm;
-  simd::adamw(a, k);
-  q8_store_block(mo, len, mrec, false, t);
-  q8_store_block(vo, len, vrec, true, t);
-}
-
+// q8 state: each thread's whole blocks through the fused block loop (detail/adamw_simd.cpp).
 void adamw_q8_team(const AdamWSpan& s, const StepScalars& k, int threads) {
   const std::size_t gsize = grad_type_size(s.grad_type);
-  auto* m = static_cast<std::uint8_t*>(s.m);
-  auto* v = static_cast<std::uint8_t*>(s.v);
   const simd::Weight wm = weight_mode(s, k);
-  auto* w = reinterpret_cast<std::uint16_t*>(s.weight);
-  const Q8Tables& t = q8_tables();
   const std::size_t blocks = (s.n + kQ8Block - 1) / kQ8Block;
   parallel_pinned(threads, [&](int tid, int nt) {
     const Range r = thread_range(blocks, tid, nt, 1);
-    for (std::size_t b = r.begin; b < r.end; ++b) {
-      const std::size_t e = b * kQ8Block;
-      adamw_q8_block(s.master + e, m + b * kQ8Record, v + b * kQ8Record,
-                     static_cast<const char*>(s.grad) + e * gsize, s.grad_type,
-                     wm != simd::Weight::none ? w + e : nullptr, wm, std::min(kQ8Block, s.n - e), k, t);
-    }
+    if (r.end <= r.begin) return;
+    const std::size_t e = r.begin * kQ8Block;
+    simd::Q8Range q;
+    q.master = s.master + e;
+    q.m = static_cast<std::uint8_t*>(s.m) + r.begin * kQ8Record;
+    q.v = static_cast<std::uint8_t*>(s.v) + r.begin * kQ8Record;
+    q.g = static_cast<const char*>(s.grad) + e * gsize;
+    q.w = wm != simd::Weight::none ? reinterpret_cast<std::uint16_t*>(s.weight) + e : nullptr;
+    q.n = std::min(r.end * kQ8Block, s.n) - e;
+    q.grad = s.grad_type;
+    q.weight = wm;
+    simd::adamw_q8(q, k);
   });
 }
 
@@ -279,13 +225,24 @@ const Q8Tables& q8_tables() noexcept {
   return t;
 }
 
-std::uint8_t q8_code_m_host(float q) noexcept { return host_code_m(q8_tables(), q8_host_index(), q); }
-std::uint8_t q8_code_v_host(float q) noexcept { return host_code_v(q8_tables(), q8_host_index(), q); }
+namespace simd {
+const Q8Index& q8_index() {
+  static const Q8Index x = make_q8_index(q8_tables());
+  return x;
+}
+}  // namespace simd
+
+std::uint8_t q8_code_m_host(float q) noexcept {
+  const unsigned mag = q8_count(simd::q8_index().m, q < 0 ? -q : q);
+  return static_cast<std::uint8_t>(mag == 0 ? 0u : mag | (q < 0 ? 0x80u : 0u));
+}
+std::uint8_t q8_code_v_host(float q) noexcept {
+  return static_cast<std::uint8_t>(q8_count(simd::q8_index().v, q));
+}
 
 void q8_quantize(const float* x, std::size_t n, std::uint8_t* records, bool is_v) {
-  const Q8Tables& t = q8_tables();
   for (std::size_t e = 0, b = 0; e < n; e += kQ8Block, ++b) {
-    q8_store_block(x + e, std::min(kQ8Block, n - e), records + b * kQ8Record, is_v, t);
+    simd::q8_store_block(x + e, std::min(kQ8Block, n - e), records + b * kQ8Record, is_v);
   }
 }
 

@@ -141,9 +141,10 @@ GHT_HD std::uint8_t q8_code_v(const Q8Tables& t, float q) {
   return static_cast<std::uint8_t>(q8_search(t.v_mid, 128, q));
 }
 
-/// The host kernels' search (adamw_cpu.cpp): the code q8_code_m / q8_code_v give for every fp32
-/// q (NaN included), found from q's top 16 bits through a 65,536-entry table per map and a step or
-/// two along the midpoints, instead of the binary search the GPU runs.
+/// The host kernels' search (adamw_cpu.cpp, detail/adamw_simd.cpp): the code q8_code_m /
+/// q8_code_v give for every fp32 q (NaN included), found from q's top 16 bits through one table
+/// entry per bucket (simd::Q8Index) and one integer comparison, instead of the binary search the
+/// GPU runs.
 [[nodiscard]] std::uint8_t q8_code_m_host(float q) noexcept;
 [[nodiscard]] std::uint8_t q8_code_v_host(float q) noexcept;
 

@@ -236,8 +236,8 @@ void check_cpu_against_reference() {
   }
 }
 
-// On every Highway target the host loops were built for and this CPU runs (the element math is
-// the vector loop of optimizer/detail/adamw_simd.cpp; codes and scales stay scalar).
+// On every Highway target the host loops were built for and this CPU runs (the whole q8 block,
+// codes and scales included, is the vector loop of optimizer/detail/adamw_simd.cpp).
 TEST(Q8StateCpu, MatchesTheReferenceBitForBit) {
   for (const std::int64_t target : simd::targets()) {
     SCOPED_TRACE("Highway target " + simd::target_name(target));

@@ -1,13 +1,15 @@
 // The host's Highway loops (optimizer/detail/adamw_simd.cpp, tier/detail/triad_simd.cpp) on every
 // target compiled in that this CPU runs (x86-64: AVX-512 where present, AVX2, SSE4, SSSE3 and the
 // scalar fallback; aarch64: SVE2_128 or SVE_256 by vector length, SVE2, SVE, NEON, scalar), each against a plain
-// scalar loop of the documented semantics, bit for bit: AdamW for fp32 and bf16 grads x fp32
-// and bf16 state x every weight mode, the sum of squares, the accumulator and the triad, with
-// lengths around the vector lengths (below one vector, not a multiple), misaligned starts and
+// scalar loop of the documented semantics, bit for bit: AdamW for fp32 and bf16 grads x fp32,
+// bf16 and q8 state x every weight mode, the q8 block quantizer, the sum of squares, the
+// accumulator and the triad, with lengths around the vector lengths (below one vector, not a multiple), misaligned starts and
 // NaN, infinite and subnormal inputs. Built with -ffp-contract=off (tests/CMakeLists.txt) so the
 // references round every multiply and add on their own, as the semantics say.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -187,6 +189,166 @@ TEST_P(SimdTargets, AdamWBf16StateMatchesScalar) {
     SCOPED_TRACE("weight mode " + std::to_string(static_cast<int>(wm)));
     check_adamw<float, std::uint16_t>(wm, wm == Weight::predict);
     check_adamw<std::uint16_t, std::uint16_t>(wm, wm == Weight::predict);
+  }
+}
+
+// ---- q8 state: the fused block loop and the block quantizer against scalar references ----------
+
+// Every finite midpoint lies in (0, 1), and no bucket of the host index (the positive fp32
+// values with the same top 16 bits) holds more than one: one comparison after the index lookup
+// finds every code, which is what simd::Q8Index relies on.
+TEST(Q8Index, OneComparisonAfterTheLookupFindsEveryCode) {
+  const Q8Tables& t = q8_tables();
+  for (const bool is_v : {false, true}) {
+    const float* mid = is_v ? t.v_mid : t.m_mid;
+    const unsigned finite = is_v ? 255 : 127;
+    std::vector<unsigned> per_bucket(simd::kQ8IndexTop + 1, 0);
+    for (unsigned c = 0; c < finite; ++c) {
+      ASSERT_GT(mid[c], 0.0f);
+      ASSERT_LT(mid[c], 1.0f);
+      ++per_bucket[std::bit_cast<std::uint32_t>(mid[c]) >> 16];
+    }
+    unsigned most = 0;
+    for (const unsigned n : per_bucket) most = std::max(most, n);
+    EXPECT_EQ(most, 1u) << (is_v ? "v" : "m") << ": comparison steps needed after the lookup";
+  }
+}
+
+// The block record of x[0, len) as the documented quantizer writes it: scale = absmax by
+// a > s ? a : s, codes by the binary search (q8_code_m / q8_code_v), 0 after len.
+void q8_store_reference(const float* x, std::size_t len, std::uint8_t* rec, bool is_v) {
+  const Q8Tables& t = q8_tables();
+  float s = 0;
+  for (std::size_t i = 0; i < len; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    s = a > s ? a : s;
+  }
+  const float r = s > 0 ? 1.0f / s : 0.0f;
+  for (std::size_t i = 0; i < kQ8Block; ++i) {
+    rec[i] = i >= len ? 0 : is_v ? q8_code_v(t, x[i] * r) : q8_code_m(t, x[i] * r);
+  }
+  std::memcpy(rec + kQ8Block, &s, sizeof s);
+}
+
+// Random block records: random codes and a scale per block from a list with the corner cases
+// (zero, subnormal: 1 / scale overflows to +inf, +inf, NaN).
+std::vector<std::uint8_t> q8_records(std::size_t n, std::mt19937& rng) {
+  const std::size_t blocks = (n + kQ8Block - 1) / kQ8Block;
+  std::vector<std::uint8_t> rec(blocks * kQ8Record);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const float scales[] = {0.0f, std::numeric_limits<float>::denorm_min(), 1e-30f,
+                          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::lognormal_distribution<float> ln(-6.0f, 3.0f);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    for (std::size_t i = 0; i < kQ8Block; ++i) rec[b * kQ8Record + i] = static_cast<std::uint8_t>(byte(rng));
+    const float s = b % 4 == 3 ? scales[(b / 4) % 5] : ln(rng);
+    std::memcpy(rec.data() + b * kQ8Record + kQ8Block, &s, sizeof s);
+  }
+  return rec;
+}
+
+template <typename G>
+void check_adamw_q8(Weight wm, bool predict_scalars) {
+  AdamWHyper h;
+  h.weight_extrapolation = predict_scalars ? 1.0 : 0.0;
+  const StepScalars k = make_step_scalars(h, 1e-3, 3, true, 0.7);
+  const Q8Tables& t = q8_tables();
+  std::mt19937 rng(17);
+  for (const std::size_t n : {1, 7, 8, 9, 17, 255, 256, 257, 511, 4 * 256, 20 * 256 + 100}) {
+    const std::size_t blocks = (n + kQ8Block - 1) / kQ8Block;
+    Problem a = make_problem(n, rng);
+    std::vector<std::uint8_t> mr = q8_records(n, rng), vr = q8_records(n, rng);
+    if (n > 300) {  // block 1: zero gradients and zero scales, so all of its new m and v are 0
+      std::fill(a.g32.begin() + 256, a.g32.begin() + 512, 0.0f);
+      a.g16 = to_bf16(a.g32);
+      std::memset(mr.data() + kQ8Record + kQ8Block, 0, 4);
+      std::memset(vr.data() + kQ8Record + kQ8Block, 0, 4);
+    }
+    Problem b = a;
+    std::vector<std::uint8_t> mr_want = mr, vr_want = vr;
+    simd::Q8Range r;
+    r.master = a.master.data();
+    r.m = mr.data();
+    r.v = vr.data();
+    r.g = sizeof(G) == 2 ? static_cast<const void*>(a.g16.data()) : a.g32.data();
+    r.w = wm == Weight::none ? nullptr : a.w.data();
+    r.n = n;
+    r.grad = sizeof(G) == 2 ? GradType::bf16 : GradType::fp32;
+    r.weight = wm;
+    simd::adamw_q8(r, k);
+    // The reference: dequantize, the fp32-state scalar update, the reference quantizer.
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t e = blk * kQ8Block, len = std::min(kQ8Block, n - e);
+      std::uint8_t* mrec = mr_want.data() + blk * kQ8Record;
+      std::uint8_t* vrec = vr_want.data() + blk * kQ8Record;
+      float sm, sv;
+      std::memcpy(&sm, mrec + kQ8Block, 4);
+      std::memcpy(&sv, vrec + kQ8Block, 4);
+      std::vector<float> mo(len), vo(len);
+      for (std::size_t i = 0; i < len; ++i) {
+        mo[i] = t.m[mrec[i]] * sm;
+        vo[i] = t.v[vrec[i]] * sv;
+      }
+      const G* g = nullptr;
+      if constexpr (sizeof(G) == 2) g = b.g16.data() + e;
+      else g = b.g32.data() + e;
+      reference<G, float>(b.master.data() + e, mo.data(), vo.data(), g, b.w.data() + e, len, wm, k, 0, 0);
+      q8_store_reference(mo.data(), len, mrec, false);
+      q8_store_reference(vo.data(), len, vrec, true);
+    }
+    SCOPED_TRACE("n " + std::to_string(n));
+    ASSERT_TRUE(same_bytes(a.master, b.master));
+    ASSERT_TRUE(same_bytes(a.w, b.w));
+    ASSERT_TRUE(same_bytes(mr, mr_want));
+    ASSERT_TRUE(same_bytes(vr, vr_want));
+  }
+}
+
+TEST_P(SimdTargets, AdamWQ8StateMatchesScalar) {
+  for (const Weight wm : {Weight::none, Weight::plain, Weight::predict}) {
+    SCOPED_TRACE("weight mode " + std::to_string(static_cast<int>(wm)));
+    check_adamw_q8<float>(wm, wm == Weight::predict);
+    check_adamw_q8<std::uint16_t>(wm, wm == Weight::predict);
+  }
+}
+
+// The quantizer on blocks of every kind: random magnitudes of both signs with NaN, ±inf, ±0 and
+// subnormals; all zero; all NaN; one infinity; values around the midpoints of the maps (their
+// neighbours scaled by a block absmax of 1); a subnormal absmax (1 / absmax is +inf).
+TEST_P(SimdTargets, Q8StoreBlockMatchesScalar) {
+  const Q8Tables& t = q8_tables();
+  std::mt19937 rng(23);
+  std::vector<std::vector<float>> blocks;
+  for (const std::size_t len : {1, 3, 8, 9, 100, 255, 256}) {
+    blocks.push_back(values(len, rng, 1.0f, true));
+    blocks.push_back(std::vector<float>(len, 0.0f));
+    blocks.push_back(std::vector<float>(len, std::numeric_limits<float>::quiet_NaN()));
+    std::vector<float> x = values(len, rng, 1e-3f, false);
+    x[len / 2] = -std::numeric_limits<float>::infinity();
+    blocks.push_back(x);
+    for (float& y : x) y = std::numeric_limits<float>::denorm_min() * static_cast<float>(rng() % 5);
+    blocks.push_back(x);
+  }
+  for (const float* mid : {t.m_mid, t.v_mid}) {
+    const int count = mid == t.m_mid ? 127 : 255;
+    std::vector<float> x{1.0f};
+    for (int c = 0; c < count; ++c) {
+      x.insert(x.end(), {mid[c], std::nextafter(mid[c], 0.0f), std::nextafter(mid[c], 2.0f), -mid[c]});
+    }
+    for (std::size_t e = 0; e < x.size(); e += kQ8Block - 1) {
+      std::vector<float> blk(x.begin() + static_cast<std::ptrdiff_t>(e),
+                             x.begin() + static_cast<std::ptrdiff_t>(std::min(x.size(), e + kQ8Block - 1)));
+      blk.push_back(1.0f);  // absmax 1: q is the value itself
+      blocks.push_back(blk);
+    }
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    for (const bool is_v : {false, true}) {
+      std::vector<std::uint8_t> got(kQ8Record, 0xEE), want(kQ8Record, 0x11);
+      simd::q8_store_block(blocks[i].data(), blocks[i].size(), got.data(), is_v);
+      q8_store_reference(blocks[i].data(), blocks[i].size(), want.data(), is_v);
+      EXPECT_TRUE(same_bytes(got, want)) << "block " << i << (is_v ? ", v" : ", m");
+    }
   }
 }
 
