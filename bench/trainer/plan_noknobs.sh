@@ -9,8 +9,12 @@
 # Cases (default: seed262k bench64k 14l64k):
 #   seed262k  seed-21b, 64 micro-batches of 4,096 tokens (262k tokens/step), 4 steps
 #   seed1m    seed-21b, 256 micro-batches (1M tokens/step), 3 steps
+#   seed10l   seed-21b's layer shapes with 10 of its 30 layers (7.4B), 262k tokens/step, 4 steps:
+#             fits one 80 GB card, for the per-op forward and backward at the seed's shapes
 #   bench64k  bench-h200 (10 layers, 5.85B), 16 micro-batches (64k tokens/step), 4 steps
 #   14l64k    bench-h200-14l (7.94B), 16 micro-batches (64k tokens/step), 4 steps
+# TRACE=1 also traces the last profiled step's kernels (CUPTI, --trace-kernels): the per-op
+# forward and backward GPU time goes to OUT_DIR/<case>.kernel_breakdown.{md,json}.
 # Output: OUT_DIR/<case>.plan.txt, <case>.log, <case>.profile.json. Data: random tokens
 # (bench/make_bench_data.sh): throughput only.
 set -uo pipefail
@@ -27,19 +31,25 @@ for c in "${cases[@]}"; do
   case $c in
     seed262k) args=(--model seed-21b -o model.grad_accum=64); steps=4; limit=420 ;;
     seed1m) args=(--model seed-21b -o model.grad_accum=256); steps=3; limit=540 ;;
+    seed10l) args=(--model seed-21b -o model.layers=10 -o model.grad_accum=64); steps=4; limit=300 ;;
     bench64k) args=(--model bench-h200 -o model.grad_accum=16); steps=4; limit=240 ;;
     14l64k) args=(--model bench-h200-14l -o model.grad_accum=16); steps=4; limit=300 ;;
-    *) echo "unknown case '$c' (seed262k, seed1m, bench64k, 14l64k)"; fail=1; continue ;;
+    *) echo "unknown case '$c' (seed262k, seed1m, seed10l, bench64k, 14l64k)"; fail=1; continue ;;
   esac
   echo "=== $c $(date -u +%T): ght plan ${args[*]}"
   timeout 120 "$GHT" plan "${args[@]}" 2>&1 | tee "$OUT_DIR/$c.plan.txt"
   run=build-gpu/train-runs/noknobs-$c
+  trace=()
+  [ "${TRACE:-0}" = 1 ] && trace=(--trace-kernels)
   echo "=== $c $(date -u +%T): ght train --config configs/bench-h200.toml ${args[*]} --steps $steps --profile-steps $steps"
   GHT_SAVE_CHECKPOINTS=off timeout "$limit" "$GHT" train --config configs/bench-h200.toml "${args[@]}" \
-    --out "$run" --overwrite --steps "$steps" --profile-steps "$steps" 2>&1 | tee "$OUT_DIR/$c.log"
+    --out "$run" --overwrite --steps "$steps" --profile-steps "$steps" "${trace[@]}" 2>&1 | tee "$OUT_DIR/$c.log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || { echo "FAIL: $c exited $rc"; fail=1; }
   cp "$run/profile.json" "$OUT_DIR/$c.profile.json" 2>/dev/null
+  for f in kernel_breakdown.md kernel_breakdown.json measurements.json; do
+    cp "$run/$f" "$OUT_DIR/$c.$f" 2>/dev/null
+  done
   echo "=== $c done $(date -u +%T) rc=$rc"
 done
 exit $fail

@@ -185,7 +185,8 @@ struct KernelTracer::Impl {
   std::unordered_map<std::string, std::uint64_t> id_of;  // op label -> external id (1-based)
   std::vector<std::string> labels;                        // external id - 1 -> op label
   std::map<std::string, std::int64_t, std::less<>> calls;
-  bool pushed = false;
+  std::mutex labels_mu;  // id_of, labels, calls: worker threads label their work too (ThreadOp)
+  bool pushed = false;   // set_op's id, on the owning thread
   std::vector<CUpti_ActivityKind> enabled;
   std::shared_ptr<alloc::tiered_allocator> alloc;  // kept alive while its blocks are
   std::vector<alloc::unique_block> pool;            // the record buffers, from `alloc`
@@ -245,18 +246,34 @@ KernelTracer::~KernelTracer() {
   if (impl_) impl_->stop();
 }
 
-void KernelTracer::set_op(std::string_view label) {
+std::uint64_t KernelTracer::label_id(std::string_view label) {
   Impl& I = *impl_;
+  std::lock_guard<std::mutex> lk(I.labels_mu);
   auto it = I.id_of.find(std::string(label));
   if (it == I.id_of.end()) {
     I.labels.emplace_back(label);
     it = I.id_of.emplace(std::string(label), I.labels.size()).first;
   }
+  I.calls[I.labels[it->second - 1]] += 1;
+  return it->second;
+}
+
+void KernelTracer::set_op(std::string_view label) {
+  Impl& I = *impl_;
+  const std::uint64_t id = label_id(label);
   if (I.pushed) GHT_CUPTI_TRY(cuptiActivityPopExternalCorrelationId(kOpKind, nullptr));
   I.pushed = false;
-  GHT_CUPTI_TRY(cuptiActivityPushExternalCorrelationId(kOpKind, it->second));
+  GHT_CUPTI_TRY(cuptiActivityPushExternalCorrelationId(kOpKind, id));
   I.pushed = true;
-  I.calls[I.labels[it->second - 1]] += 1;
+}
+
+KernelTracer::ThreadOp::ThreadOp(KernelTracer& tracer, std::string_view label) {
+  GHT_CUPTI_TRY(cuptiActivityPushExternalCorrelationId(kOpKind, tracer.label_id(label)));
+  pushed_ = true;
+}
+
+KernelTracer::ThreadOp::~ThreadOp() {
+  if (pushed_) (void)cuptiActivityPopExternalCorrelationId(kOpKind, nullptr);
 }
 
 std::uint64_t KernelTracer::now_ns() {
@@ -316,6 +333,9 @@ KernelTracer::KernelTracer(std::shared_ptr<alloc::tiered_allocator> /*alloc*/) {
 }
 KernelTracer::~KernelTracer() = default;
 void KernelTracer::set_op(std::string_view /*label*/) {}
+std::uint64_t KernelTracer::label_id(std::string_view /*label*/) { return 0; }
+KernelTracer::ThreadOp::ThreadOp(KernelTracer& /*tracer*/, std::string_view /*label*/) {}
+KernelTracer::ThreadOp::~ThreadOp() = default;
 std::uint64_t KernelTracer::now_ns() { return 0; }
 std::vector<GpuActivity> KernelTracer::finish(TraceWindow& /*window*/) { return {}; }
 

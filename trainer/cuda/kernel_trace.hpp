@@ -9,7 +9,8 @@
  * Attribution: set_op(label) makes `label` the current op of the calling thread by swapping its
  * CUPTI external correlation id (kind CUSTOM0, one id per distinct label); CUPTI then tags each
  * CUDA API call, and through it the GPU work the call launched, with that id. Work launched with
- * no op set is labelled kNoOpLabel (kernel_breakdown.hpp).
+ * no op set is labelled kNoOpLabel (kernel_breakdown.hpp). The ids are per thread: work a
+ * worker thread launches (the optimizer's update thread) is labelled by a ThreadOp on it.
  *
  * One tracer at a time per process (CUPTI's buffer callbacks are process-wide). Records arrive
  * on a CUPTI thread into 8 MiB buffers; records CUPTI could not store are counted, not lost
@@ -52,7 +53,21 @@ class KernelTracer {
   KernelTracer& operator=(const KernelTracer&) = delete;
 
   /// Attribute the calling thread's next CUDA work to `label` (counted as one call of it).
+  /// For the thread that owns the tracer; worker threads use ThreadOp.
   void set_op(std::string_view label);
+
+  /// While alive, the CUDA work its constructing thread launches is attributed to `label`
+  /// (counted as one call). For a worker thread; it must end on that thread and before finish().
+  class ThreadOp {
+   public:
+    ThreadOp(KernelTracer& tracer, std::string_view label);
+    ~ThreadOp();
+    ThreadOp(const ThreadOp&) = delete;
+    ThreadOp& operator=(const ThreadOp&) = delete;
+
+   private:
+    bool pushed_ = false;
+  };
 
   /// The activities' clock (CUPTI timestamp, ns), for the window's ends.
   [[nodiscard]] static std::uint64_t now_ns();
@@ -68,6 +83,7 @@ class KernelTracer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  [[nodiscard]] std::uint64_t label_id(std::string_view label);  // counts one call of it
 };
 
 }  // namespace ght::trainer

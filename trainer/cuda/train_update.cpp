@@ -84,6 +84,9 @@ void CudaRun::launch_update_async() {
       ~End() { p.end(); }
     } end{launched_};
     GHT_CUDA_TRY(cudaSetDevice(device_));
+    // A traced step's update, labelled on this thread (synchronize joins it before the trace ends).
+    std::optional<KernelTracer::ThreadOp> op;
+    if (tracer_) op.emplace(*tracer_, kOpUpdate);
     opt_->update_all([this](std::size_t r) { launched_.launched(r); });
     if (ev->opt_timed) record_update_end(*ev);
   });
