@@ -227,12 +227,15 @@ void Load::add(const Load& o, double sign) {
 }
 
 CostModel::CostModel(LinkNumbers link, double step_flops, double assumed_tflops,
-                     const std::vector<Region>& regions)
-    : link_(std::move(link)), step_flops_(step_flops), flops_per_second_(assumed_tflops * 1e12) {
+                     const std::vector<Region>& regions, double head_seconds)
+    : link_(std::move(link)), step_flops_(step_flops), flops_per_second_(assumed_tflops * 1e12),
+      head_seconds_(head_seconds) {
   GHT_EXPECTS(step_flops >= 0 && std::isfinite(step_flops),
               "cost model: step FLOPs must be >= 0, got " + std::to_string(step_flops));
   GHT_EXPECTS(assumed_tflops > 0 && std::isfinite(assumed_tflops),
               "cost model: assumed TFLOP/s must be > 0, got " + std::to_string(assumed_tflops));
+  GHT_EXPECTS(head_seconds >= 0 && std::isfinite(head_seconds),
+              "cost model: the LM head's seconds must be >= 0, got " + std::to_string(head_seconds));
   windows_.push_back(0.0);
   auto collect = [&](const std::vector<Access>& list) {
     for (const Access& a : list) {
@@ -295,7 +298,7 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
 
 StepTime CostModel::evaluate(const Load& total) const {
   StepTime t;
-  t.compute_seconds = step_flops_ / flops_per_second_;
+  t.compute_seconds = step_flops_ / flops_per_second_ + head_seconds_;
   t.recompute_seconds = std::max(0.0, total.recompute_flops) / flops_per_second_;
   t.window_seconds = t.compute_seconds + t.recompute_seconds;
   Load::Bucket cum;

@@ -16,7 +16,8 @@
  * Time for a set of link transfers: max(h2d seconds, d2h seconds, (h2d + d2h bytes) / bidir_bps)
  * (each direction alone, then both sharing the link; without bidir_bps the directions add up).
  *
- * Overlap: compute takes W = (step FLOPs + recompute FLOPs) / (GHT_ASSUMED_TFLOPS * 1e12). An
+ * Overlap: compute takes W = (step FLOPs + recompute FLOPs) / (GHT_ASSUMED_TFLOPS * 1e12) plus
+ * the LM head's seconds (its FLOPs at GHT_ASSUMED_HEAD_TFLOPS). An
  * access with window fraction f can hide behind f*W; non-overlappable accesses have f = 0. For
  * each resource (link, host memory), with S(f) the time of its work whose fraction is <= f, the
  * exposed time is E = max over f of (S(f) - f*W), at least 0 (for one window this is the
@@ -188,8 +189,9 @@ struct StepTime {
 class CostModel {
  public:
   /// @param regions used to collect the distinct window fractions
+  /// @param head_seconds compute besides step_flops (the LM head at its own rate): in the window
   CostModel(LinkNumbers link, double step_flops, double assumed_tflops,
-            const std::vector<Region>& regions);
+            const std::vector<Region>& regions, double head_seconds = 0);
 
   /// Window fractions, ascending; windows()[0] == 0 (the critical path).
   [[nodiscard]] const std::vector<double>& windows() const { return windows_; }
@@ -207,7 +209,7 @@ class CostModel {
  private:
   [[nodiscard]] int window_index(const Access& a) const;
   LinkNumbers link_;
-  double step_flops_, flops_per_second_;
+  double step_flops_, flops_per_second_, head_seconds_;
   std::vector<double> windows_;
 };
 

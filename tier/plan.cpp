@@ -154,7 +154,7 @@ void validate_regions(const std::vector<Region>& regions) {
 // ---- options (budgets come from budget.cpp) -------------------------------------------------
 
 PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumbers& link,
-                                     const Capacities& caps, double step_flops) {
+                                     const Capacities& caps, double step_flops, double head_flops) {
   using config::Key;
   PlanOptions o;
   const auto policy = parse_policy(reg.get_string(Key::GHT_POLICY));
@@ -166,6 +166,8 @@ PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumb
   o.step_flops = step_flops;
   o.assumed_tflops = reg.get_float(Key::GHT_ASSUMED_TFLOPS);
   o.backward_ratio = reg.get_float(Key::GHT_ASSUMED_BWD_RATIO);
+  o.head_flops = head_flops;
+  o.head_tflops = reg.get_float(Key::GHT_ASSUMED_HEAD_TFLOPS);
   o.stream_staging_bytes =
       2 * reg.get_size(Key::GHT_STAGING_BYTES).resolve(caps.hbm_total, "GHT_STAGING_BYTES");
   return o;
@@ -173,9 +175,9 @@ PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumb
 
 // ---- measurements ---------------------------------------------------------------------------
 
-ComputeCalibration calibrate_compute(const MeasuredPhases& m) {
+ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops) {
   auto positive = [](double x) { return x > 0 && std::isfinite(x); };
-  auto need = [](bool ok, const std::string& field, double x, const char* what) {
+  auto need = [](bool ok, const std::string& field, double x, const std::string& what) {
     if (!ok) throw config_error("measurements: phases." + field + " " + what + ", got " + std::to_string(x));
   };
   need(positive(m.step_flops), "step_flops", m.step_flops, "must be finite and > 0");
@@ -183,9 +185,14 @@ ComputeCalibration calibrate_compute(const MeasuredPhases& m) {
        "must be finite and >= 0");
   need(positive(m.forward_seconds), "forward_seconds", m.forward_seconds, "must be finite and > 0");
   need(positive(m.backward_seconds), "backward_seconds", m.backward_seconds, "must be finite and > 0");
+  need(m.head_flops >= 0 && std::isfinite(m.head_flops), "head_flops", m.head_flops, "must be finite and >= 0");
+  GHT_EXPECTS(head_tflops > 0 && std::isfinite(head_tflops),
+              "calibrate_compute: head TFLOP/s must be > 0, got " + std::to_string(head_tflops));
   const double r = m.recompute_flops / m.step_flops, f = m.forward_seconds, b = m.backward_seconds;
-  const double rho = (b - r * f) / (f * (1 + r));
-  need(rho > 0, "backward_seconds", b, "leaves no backward besides the recompute the plan predicts");
+  const double h = m.head_flops / (head_tflops * 1e12);
+  const double rho = (b - h - r * f) / (f * (1 + r));
+  need(rho > 0, "backward_seconds", b,
+       "leaves no backward besides the recompute and the LM head (" + fixed(h, 3) + " s) the plan predicts");
   return {m.step_flops / (f * (1 + rho)) / 1e12, rho};
 }
 
@@ -287,7 +294,8 @@ bool Plan::operator==(const Plan& o) const {
   const PlanOptions &p = options_, &q = o.options_;
   return link_eq && p.policy == q.policy && p.place == q.place && p.budgets == q.budgets &&
          p.step_flops == q.step_flops && p.assumed_tflops == q.assumed_tflops &&
-         p.backward_ratio == q.backward_ratio &&
+         p.backward_ratio == q.backward_ratio && p.head_flops == q.head_flops &&
+         p.head_tflops == q.head_tflops &&
          p.stream_staging_bytes == q.stream_staging_bytes &&
          p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
          p.recompute_scratch_bytes == q.recompute_scratch_bytes &&
@@ -325,7 +333,8 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
   p.host_traffic_bytes = t.host_bytes;
   p.host_seconds = t.host_seconds;
   p.compute_seconds = t.compute_seconds;
-  p.forward_seconds = t.compute_seconds / (1 + options.backward_ratio);
+  p.head_seconds = options.head_seconds();
+  p.forward_seconds = (t.compute_seconds - p.head_seconds) / (1 + options.backward_ratio);
   p.recompute_seconds = t.recompute_seconds;
   p.window_seconds = t.window_seconds;
   p.exposed_seconds = t.exposed_seconds;
@@ -357,7 +366,7 @@ std::vector<bool> assign_update_split(const std::vector<std::uint64_t>& params, 
 Prediction predict(const std::vector<Region>& regions, const std::vector<Decision>& decisions,
                    const PlanOptions& options) {
   GHT_EXPECTS(regions.size() == decisions.size(), "predict: regions and decisions differ in count");
-  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions);
+  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions, options.head_seconds());
   std::vector<Placement> choice(regions.size());
   for (std::size_t i = 0; i < regions.size(); ++i) choice[i] = {decisions[i].tier, decisions[i].mode};
   return predict_with(cm, regions, choice, options);
@@ -488,7 +497,7 @@ void apply_auto_policy(std::vector<Region>& regions, PlanOptions& options, const
                     std::to_string(measured->expert_tokens.size()) + " expert token counts, " +
                     std::to_string(measured->link_bytes.size()) + " regions' link bytes)");
     if (measured->phases.present()) {
-      const ComputeCalibration c = calibrate_compute(measured->phases);
+      const ComputeCalibration c = calibrate_compute(measured->phases, options.head_tflops);
       notes.push_back("auto: compute rates from measured phases (forward " + fixed(measured->phases.forward_seconds, 3) +
                       " s, backward " + fixed(measured->phases.backward_seconds, 3) + " s): " + fixed(c.tflops, 0) +
                       " TFLOP/s sustained (GHT_ASSUMED_TFLOPS " + fixed(options.assumed_tflops, 0) +
@@ -809,7 +818,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& requested, const 
   const std::vector<PlaceRule> rules = parse_place_rules(options.place);
   const std::vector<int> match =
       rules.empty() ? std::vector<int>(regions.size(), -1) : match_place_rules(rules, regions);
-  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions);
+  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions, options.head_seconds());
   const PlanInputs in{regions, options, rules, match, cm, options.link.kind == LinkKind::none,
                       options.policy == Policy::static_rules};
 

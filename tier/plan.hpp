@@ -123,12 +123,18 @@ struct PlanOptions {
   std::string place_origin;
   Budgets budgets;
   LinkNumbers link;
-  double step_flops = 0;    ///< training FLOPs per step (sizes the overlap window)
-  double assumed_tflops = 450;
-  /// Backward compute time over forward compute time (recompute excluded): how the step's
-  /// compute splits into the forward and backward phases a run measures (GHT_ASSUMED_BWD_RATIO;
-  /// FLOPs alone give 2).
-  double backward_ratio = 2.75;
+  double step_flops = 0;    ///< the layers' training FLOPs per step (sizes the overlap window)
+  double assumed_tflops = 500;  ///< the layers' sustained rate (GHT_ASSUMED_TFLOPS)
+  /// Backward compute time over forward compute time of the layers (recompute and the LM head
+  /// excluded): how step_flops' time splits into the forward and backward phases a run measures
+  /// (GHT_ASSUMED_BWD_RATIO; FLOPs alone give 2).
+  double backward_ratio = 2.4;
+  /// FLOPs per step of the fused LM head and loss, forward and backward (6·V·d per token), which
+  /// run in the backward phase at their own rate (GHT_ASSUMED_HEAD_TFLOPS); 0 = none counted.
+  double head_flops = 0;
+  double head_tflops = 720;
+  /// Seconds of the LM head and loss per step: head_flops at head_tflops.
+  [[nodiscard]] double head_seconds() const { return head_flops / (head_tflops * 1e12); }
   /// Double-buffered pinned staging the gradient stream needs, reserved in host memory while
   /// any gradient region streams (2 x GHT_STAGING_BYTES).
   std::uint64_t stream_staging_bytes = 0;
@@ -143,11 +149,13 @@ struct PlanOptions {
   std::uint64_t delayed_update_hbm_bytes = 0;
 };
 
-/// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_TFLOPS,
-/// GHT_STAGING_BYTES) plus the caller's link numbers, capacities and step FLOPs.
+/// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_*,
+/// GHT_STAGING_BYTES) plus the caller's link numbers, capacities, the layers' step FLOPs and the
+/// LM head's (PlanOptions::head_flops).
 [[nodiscard]] PlanOptions plan_options_from_config(const config::Registry& reg,
                                                    const LinkNumbers& link,
-                                                   const Capacities& caps, double step_flops);
+                                                   const Capacities& caps, double step_flops,
+                                                   double head_flops = 0);
 
 /// Counts measured in a warm-up step, for the auto policy.
 struct ExpertTokens {
@@ -168,6 +176,7 @@ struct MeasuredPhases {
   double recompute_flops = 0;
   double forward_seconds = 0;
   double backward_seconds = 0;
+  double head_flops = 0;  ///< the LM head's, timed in the backward (PlanOptions::head_flops)
   [[nodiscard]] bool present() const { return forward_seconds > 0 || backward_seconds > 0; }
 };
 struct Measurements {
@@ -178,16 +187,17 @@ struct Measurements {
 };
 
 /// The compute rates that reproduce measured phases under the cost model's own assumptions:
-/// with F step FLOPs, R recompute FLOPs, forward f and backward b seconds, the model predicts
-/// f = F / (S (1 + rho)) and b = rho f + R / S, so
-///   rho = (b - (R/F) f) / (f (1 + R/F)),   S = F / (f (1 + rho)).
+/// with F step FLOPs, R recompute FLOPs, forward f and backward b seconds, and h the LM head's
+/// seconds (head FLOPs at `head_tflops`), the model predicts f = F / (S (1 + rho)) and
+/// b = rho f + R / S + h, so
+///   rho = (b - h - (R/F) f) / (f (1 + R/F)),   S = F / (f (1 + rho)).
 struct ComputeCalibration {
   double tflops = 0;          ///< S / 1e12: the sustained rate (PlanOptions::assumed_tflops)
   double backward_ratio = 0;  ///< rho (PlanOptions::backward_ratio)
 };
 /// @throws ght::config_error naming the field when the phases are not finite and positive, or the
-/// backward is shorter than its recompute
-[[nodiscard]] ComputeCalibration calibrate_compute(const MeasuredPhases& m);
+/// backward is shorter than its recompute and LM head
+[[nodiscard]] ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops);
 
 /// Regions updated by measurements: routing frequencies from expert token counts, and the
 /// host-side GPU accesses of each measured region scaled so that its predicted link bytes per
@@ -216,8 +226,9 @@ struct Prediction {
   double link_seconds = 0;        ///< both directions sharing the link (bidir limit)
   double host_traffic_bytes = 0;  ///< CPU reads + writes of host memory
   double host_seconds = 0;
-  double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS, recompute excluded
-  double forward_seconds = 0;     ///< the forward's part of compute_seconds (backward_ratio)
+  double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS + head_seconds, recompute excluded
+  double head_seconds = 0;        ///< the LM head's part of compute_seconds (in the backward)
+  double forward_seconds = 0;     ///< the layers' forward part of compute_seconds (backward_ratio)
   double recompute_seconds = 0;
   double window_seconds = 0;      ///< compute + recompute: what transfers can hide behind
   double exposed_seconds = 0;     ///< recompute + transfers that do not hide

@@ -170,10 +170,14 @@ std::string Plan::format_table(bool explain) const {
   }
   char flops[32];
   std::snprintf(flops, sizeof flops, "%.3g", o.step_flops);
+  char head_flops[32];
+  std::snprintf(head_flops, sizeof head_flops, "%.3g", o.head_flops);
   os << "\nper step: compute " << secs(p.compute_seconds) << " (" << flops << " FLOP at "
-     << num(o.assumed_tflops, 0) << " TFLOP/s, GHT_ASSUMED_TFLOPS): forward " << secs(p.forward_seconds)
-     << ", backward " << secs(p.compute_seconds - p.forward_seconds) << " (" << num(o.backward_ratio, 2)
-     << "x, GHT_ASSUMED_BWD_RATIO)\n"
+     << num(o.assumed_tflops, 0) << " TFLOP/s, GHT_ASSUMED_TFLOPS; LM head " << head_flops << " FLOP at "
+     << num(o.head_tflops, 0) << " TFLOP/s, GHT_ASSUMED_HEAD_TFLOPS): forward " << secs(p.forward_seconds)
+     << ", backward " << secs(p.compute_seconds - p.forward_seconds) << " (the layers "
+     << num(o.backward_ratio, 2) << "x the forward, GHT_ASSUMED_BWD_RATIO, + LM head " << secs(p.head_seconds)
+     << ")\n"
      << "  link H2D      " << gb(p.h2d_bytes) << "  " << secs(p.h2d_seconds) << "\n"
      << "  link D2H      " << gb(p.d2h_bytes) << "  " << secs(p.d2h_seconds) << "\n"
      << "  link both     " << secs(p.link_seconds) << " sharing the link (optimizer alone "

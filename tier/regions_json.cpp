@@ -338,6 +338,7 @@ std::string measurements_to_json(const Measurements& m) {
     json ph = json::object();
     put_double(ph, "step_flops", m.phases.step_flops);
     put_double(ph, "recompute_flops", m.phases.recompute_flops);
+    put_double(ph, "head_flops", m.phases.head_flops);
     put_double(ph, "forward_seconds", m.phases.forward_seconds);
     put_double(ph, "backward_seconds", m.phases.backward_seconds);
     j["phases"] = ph;
@@ -379,16 +380,18 @@ Measurements measurements_from_json(const std::string& text, const std::string& 
     }
   }
   if (const json* ph = get(j, "phases")) {
-    check_keys(*ph, origin, "phases", {"step_flops", "recompute_flops", "forward_seconds", "backward_seconds"});
+    check_keys(*ph, origin, "phases",
+               {"step_flops", "recompute_flops", "head_flops", "forward_seconds", "backward_seconds"});
     for (const char* k : {"step_flops", "forward_seconds", "backward_seconds"}) {
       if (get(*ph, k) == nullptr) fail(origin, join("phases", k), "missing");
     }
     m.phases.step_flops = get_double(*ph, "step_flops", origin, "phases", 0);
     m.phases.recompute_flops = get_double(*ph, "recompute_flops", origin, "phases", 0);
+    m.phases.head_flops = get_double(*ph, "head_flops", origin, "phases", 0);
     m.phases.forward_seconds = get_double(*ph, "forward_seconds", origin, "phases", 0);
     m.phases.backward_seconds = get_double(*ph, "backward_seconds", origin, "phases", 0);
     try {
-      (void)calibrate_compute(m.phases);
+      (void)calibrate_compute(m.phases, PlanOptions{}.head_tflops);  // GHT_ASSUMED_HEAD_TFLOPS' default
     } catch (const config_error& e) {
       fail(origin, "phases", e.what());
     }
@@ -438,6 +441,8 @@ std::string Plan::to_json() const {
   put_double(top, "step_flops", o.step_flops);
   put_double(top, "assumed_tflops", o.assumed_tflops);
   put_double(top, "backward_ratio", o.backward_ratio);
+  put_double(top, "head_flops", o.head_flops);
+  put_double(top, "head_tflops", o.head_tflops);
   top["stream_staging_bytes"] = o.stream_staging_bytes;
   top["host_state_hbm_bytes"] = o.host_state_hbm_bytes;
   top["recompute_scratch_bytes"] = o.recompute_scratch_bytes;
@@ -457,6 +462,7 @@ std::string Plan::to_json() const {
   put_double(pj, "host_seconds", p.host_seconds);
   put_double(pj, "compute_seconds", p.compute_seconds);
   put_double(pj, "forward_seconds", p.forward_seconds);
+  put_double(pj, "head_seconds", p.head_seconds);
   put_double(pj, "recompute_seconds", p.recompute_seconds);
   put_double(pj, "window_seconds", p.window_seconds);
   put_double(pj, "exposed_seconds", p.exposed_seconds);
@@ -482,7 +488,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   const json j = parse_text(text, origin);
   check_keys(j, origin, "",
              {"format", "version", "policy", "place", "budgets", "link", "step_flops",
-              "assumed_tflops", "backward_ratio", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "delayed_update_hbm_bytes", "summary", "prediction", "notes", "regions"});
+              "assumed_tflops", "backward_ratio", "head_flops", "head_tflops", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "delayed_update_hbm_bytes", "summary", "prediction", "notes", "regions"});
   if (get_string(j, "format", origin, "", nullptr) != "ghtier-plan") {
     fail(origin, "format", "expected \"ghtier-plan\" (is this a ght plan --json file?)");
   }
@@ -523,6 +529,8 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   o.step_flops = get_double(j, "step_flops", origin, "", 0);
   o.assumed_tflops = get_double(j, "assumed_tflops", origin, "", 0);
   if (get(j, "backward_ratio")) o.backward_ratio = get_double(j, "backward_ratio", origin, "", 0);
+  if (get(j, "head_flops")) o.head_flops = get_double(j, "head_flops", origin, "", 0);
+  if (get(j, "head_tflops")) o.head_tflops = get_double(j, "head_tflops", origin, "", 0);
   o.stream_staging_bytes = get_u64(j, "stream_staging_bytes", origin, "");
   if (get(j, "host_state_hbm_bytes")) o.host_state_hbm_bytes = get_u64(j, "host_state_hbm_bytes", origin, "");
   if (get(j, "recompute_scratch_bytes")) o.recompute_scratch_bytes = get_u64(j, "recompute_scratch_bytes", origin, "");
@@ -533,7 +541,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   check_keys(*pj, origin, "prediction",
              {"hbm_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "h2d_seconds", "d2h_seconds",
               "link_seconds", "host_traffic_bytes", "host_seconds", "compute_seconds", "forward_seconds",
-              "recompute_seconds", "window_seconds", "exposed_seconds", "step_seconds",
+              "head_seconds", "recompute_seconds", "window_seconds", "exposed_seconds", "step_seconds",
               "optimizer_link_seconds"});
   Prediction p;
   const std::string pp = "prediction";
@@ -548,6 +556,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   p.host_seconds = get_double(*pj, "host_seconds", origin, pp, 0);
   p.compute_seconds = get_double(*pj, "compute_seconds", origin, pp, 0);
   p.forward_seconds = get_double(*pj, "forward_seconds", origin, pp, 0);
+  p.head_seconds = get_double(*pj, "head_seconds", origin, pp, 0);
   p.recompute_seconds = get_double(*pj, "recompute_seconds", origin, pp, 0);
   p.window_seconds = get_double(*pj, "window_seconds", origin, pp, 0);
   p.exposed_seconds = get_double(*pj, "exposed_seconds", origin, pp, 0);

@@ -742,7 +742,7 @@ StepOutcome guarded_step(TrainBackend& be, TrainSession& s, double lr, RunCheckp
 StepRecord step_record(const StepOutcome& o, std::int64_t step, double lr, double tokens_per_step,
                        double elapsed_s, std::int64_t skipped_steps) {
   return {.step = step, .loss = o.loss, .aux_loss = o.aux_loss, .grad_norm = o.grad_norm, .lr = lr,
-          .tokens_per_s = o.seconds > 0 ? tokens_per_step / o.seconds : 0, .mfu = o.mfu,
+          .tokens_per_s = o.seconds > 0 ? tokens_per_step / o.seconds : 0, .mfu = o.mfu, .mfu_seed = o.mfu_seed,
           .link_gb_h2d = o.link_gb_h2d, .link_gb_d2h = o.link_gb_d2h, .elapsed_s = elapsed_s,
           .skipped_steps = skipped_steps};
 }

@@ -61,7 +61,7 @@ struct StepOutcome {
   double aux_loss = 0;   ///< mean load-balance loss
   double grad_norm = 0;  ///< global norm before clipping
   double seconds = 0;    ///< the step's wall time (tokens/s is computed from it)
-  std::optional<double> mfu, link_gb_h2d, link_gb_d2h;
+  std::optional<double> mfu, mfu_seed, link_gb_h2d, link_gb_d2h;
 };
 
 /// The state of one `train` invocation that outlives its backend's pieces.

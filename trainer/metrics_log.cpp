@@ -68,7 +68,10 @@ std::string format_step_line(const StepRecord& r, std::int64_t total_steps, doub
   s += " | gnorm " + fmt("%.3f", r.grad_norm);
   s += " | lr " + fmt("%.2e", r.lr);
   s += " | " + format_count(r.tokens_per_s) + " tok/s";
-  if (r.mfu) s += " | mfu " + fmt("%.1f%%", *r.mfu * 100.0);
+  if (r.mfu) {
+    s += " | mfu " + fmt("%.1f%%", *r.mfu * 100.0);
+    if (r.mfu_seed) s += " (seed " + fmt("%.1f%%", *r.mfu_seed * 100.0) + ")";
+  }
   if (r.link_gb_h2d) s += " | h2d " + fmt("%.2f GB", *r.link_gb_h2d);
   if (r.link_gb_d2h) s += " | d2h " + fmt("%.2f GB", *r.link_gb_d2h);
   if (r.skipped_steps > 0) s += " | skipped " + std::to_string(r.skipped_steps);
@@ -88,6 +91,7 @@ nlohmann::ordered_json step_json(const StepRecord& r) {
                               {"elapsed_s", r.elapsed_s},
                               {"skipped_steps", r.skipped_steps}};
   if (r.mfu) j["mfu"] = *r.mfu;
+  if (r.mfu_seed) j["mfu_seed"] = *r.mfu_seed;
   if (r.link_gb_h2d) j["link_gb_h2d"] = *r.link_gb_h2d;
   if (r.link_gb_d2h) j["link_gb_d2h"] = *r.link_gb_d2h;
   return j;

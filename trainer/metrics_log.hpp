@@ -7,10 +7,10 @@
  *
  * Console line (fields that are unset are left out):
  *   step   120/2000 | loss 2.4312 | aux 0.0101 | gnorm 0.812 | lr 2.95e-04 | 41.2k tok/s |
- *   mfu 38.2% | h2d 12.40 GB | d2h 3.10 GB | skipped 0 | 1:02 elapsed | ETA 16:20
+ *   mfu 38.2% (seed 41.8%) | h2d 12.40 GB | d2h 3.10 GB | skipped 0 | 1:02 elapsed | ETA 16:20
  * JSONL step record:
  *   {"type":"step","step":120,"loss":2.4312,"aux_loss":0.0101,"grad_norm":0.812,"lr":0.000295,
- *    "tokens_per_s":41200,"elapsed_s":62.1,"skipped_steps":0,"mfu":0.382,...}
+ *    "tokens_per_s":41200,"elapsed_s":62.1,"skipped_steps":0,"mfu":0.382,"mfu_seed":0.418,...}
  */
 #include <cstdint>
 #include <cstdio>
@@ -30,7 +30,8 @@ struct StepRecord {
   double grad_norm = 0;   ///< global gradient norm before clipping
   double lr = 0;
   double tokens_per_s = 0;
-  std::optional<double> mfu;          ///< fraction of peak (0..1), GPU runs
+  std::optional<double> mfu;          ///< fraction of peak (0..1), GPU runs: the strict count
+  std::optional<double> mfu_seed;     ///< the same step under the seed's count (ModelConfig)
   std::optional<double> link_gb_h2d;  ///< GB (1e9 bytes) moved host-to-device this step
   std::optional<double> link_gb_d2h;
   double elapsed_s = 0;               ///< wall time since the run (this process) started

@@ -120,6 +120,11 @@ double ModelConfig::flops_per_token() const {
          12.0 * layers * heads * head_dim * static_cast<double>(seq_len);
 }
 
+double ModelConfig::seed_flops_per_token() const {
+  return 6.0 * static_cast<double>(active_params()) +
+         12.0 * layers * static_cast<double>(seq_len) * static_cast<double>(d_model);
+}
+
 const std::vector<std::string>& preset_names() {
   static const std::vector<std::string> names = {"tiny", "small", "bench-h200", "bench-h200-14l",
                                                  "seed-21b"};

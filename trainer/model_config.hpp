@@ -55,6 +55,9 @@ struct ModelConfig {
   [[nodiscard]] std::int64_t active_nonembedding_params() const;
   /// Training FLOPs per token: 6·N_active_nonembedding + 12·L·H·d_head·T (DESIGN.md).
   [[nodiscard]] double flops_per_token() const;
+  /// The seed's counting, reported beside the strict one so that comparisons with it are direct:
+  /// 6·N_active with the embeddings (and an untied LM head) + 12·L·T·d_model.
+  [[nodiscard]] double seed_flops_per_token() const;
   [[nodiscard]] std::int64_t tokens_per_step() const {
     return static_cast<std::int64_t>(seq_len) * micro_batch * grad_accum;
   }

@@ -408,4 +408,9 @@ double model_step_flops(const ModelConfig& c) {
   return c.flops_per_token() * static_cast<double>(c.tokens_per_step());
 }
 
+double model_head_flops(const ModelConfig& c) {
+  return 6.0 * static_cast<double>(c.vocab) * static_cast<double>(c.d_model) *
+         static_cast<double>(c.tokens_per_step());
+}
+
 }  // namespace ght::trainer

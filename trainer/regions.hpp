@@ -160,5 +160,8 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 
 /// Training FLOPs per step: flops_per_token() * tokens_per_step().
 [[nodiscard]] double model_step_flops(const ModelConfig& cfg);
+/// FLOPs per step of the fused LM head and loss, forward and backward: 6 x vocab x d_model per
+/// token (PlanOptions::head_flops); not in model_step_flops (the strict count leaves it out).
+[[nodiscard]] double model_head_flops(const ModelConfig& cfg);
 
 }  // namespace ght::trainer

@@ -27,7 +27,8 @@ SWEEP_DEADLINE_S (570: no stage starts, and a running one is killed, past this m
 after the sweep started, so that the table is still written inside a 600 s device call).
 
 MFU: strict = tokens/s * (6 * N_active_nonembedding + 12 * L * H * head_dim * T) / 989.4e12, as
-ght; Megatron = the same plus 6 * V * d per token (the LM head).
+ght; the seed's count = tokens/s * (6 * N_active with embeddings + 12 * L * T * d_model) / 989.4e12, as
+ght's step log prints it beside the strict one; Megatron = strict plus 6 * V * d per token (the LM head).
 """
 import argparse
 import json
@@ -76,6 +77,10 @@ SHAPES = [
      "model": dict(d_model=4096, layers=4, heads=40, kv_heads=8, head_dim=128, experts=48, top_k=4,
                    expert_ffn=800, vocab=151936, tied_embeddings=True, seq_len=4096, micro_batch=1,
                    grad_accum=4)},
+    {"name": "seed21b-4l", "about": "seed-21b's layer: d 4096, 40/8 heads of 128, 64 experts of 800, top-4, tied 152k (4 of 30 layers)",
+     "model": dict(d_model=4096, layers=4, heads=40, kv_heads=8, head_dim=128, experts=64, top_k=4,
+                   expert_ffn=800, vocab=151936, tied_embeddings=True, seq_len=4096, micro_batch=1,
+                   grad_accum=4)},
     # Not in the default list: the bench-h200 model itself (10 layers, 5.85B), to set the peer next
     # to the PyTorch numbers recorded in HARDWARE.md (20.7k eager / 26.2k compiled tokens/s).
     {"name": "bench-h200", "default": False, "about": "configs/bench-h200.toml as it is (10 layers, 5.85B)",
@@ -110,6 +115,7 @@ def counts(m):
     return {"params_total": tp.total_params(m), "params_active": tp.active_params(m),
             "params_active_nonembedding": tp.active_nonembedding_params(m),
             "flops_per_token": tp.flops_per_token(m), "megatron_flops_per_token": tp.megatron_flops_per_token(m),
+            "seed_flops_per_token": tp.seed_flops_per_token(m),
             "tokens_per_step": tp.tokens_per_step(m), "micro_batch_tokens": m["seq_len"] * m["micro_batch"]}
 
 
@@ -166,7 +172,7 @@ def ght_config(ght, shape):
 
 def list_shapes(args, shapes):
     ok = True
-    print("| shape | what | params total / active (non-embedding) | GFLOP/token strict / Megatron | micro-batch / step tokens "
+    print("| shape | what | params total / active (non-embedding) | GFLOP/token strict / seed's count / Megatron | micro-batch / step tokens "
           "| est. s ght + peer |" + (" ght plan: params, FLOPs, HBM |" if args.ght else ""))
     print("|---|---|---|---|---|---|" + ("---|" if args.ght else ""))
     total_s = 0
@@ -175,6 +181,7 @@ def list_shapes(args, shapes):
         c = counts(m)
         row = (f"| {s['name']} | {describe(m)} | {fmt_b(c['params_total'])} / {fmt_b(c['params_active'])} "
                f"({fmt_b(c['params_active_nonembedding'])}) | {c['flops_per_token'] / 1e9:.2f} / "
+               f"{c['seed_flops_per_token'] / 1e9:.2f} / "
                f"{c['megatron_flops_per_token'] / 1e9:.2f} | {c['micro_batch_tokens']} / {c['tokens_per_step']} "
                f"| {est_ght_s(c):.0f} + {est_peer_s(args.modes):.0f} |")
         total_s += est_ght_s(c) + est_peer_s(args.modes)
@@ -345,9 +352,9 @@ def num(x):
 
 
 def table(results):
-    lines = ["| shape | params total / active | tokens/step | ght tokens/s | ght MFU strict | ght MFU Megatron "
-             "| eager tokens/s (MFU) | compile tokens/s (MFU) | ght ÷ compile | notes |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | params total / active | tokens/step | ght tokens/s | ght MFU strict | ght MFU seed's count "
+             "| ght MFU Megatron | eager tokens/s (MFU) | compile tokens/s (MFU) | ght ÷ compile | notes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c, g, pe = r["counts"], r.get("ght", {}), r.get("peer", {})
         ev, co = pe.get("eager", {}), pe.get("compile", {})
@@ -364,8 +371,9 @@ def table(results):
         gt, ct = g.get("tokens_per_s"), co.get("tokens_per_s")
         ratio = f"{gt / ct:.2f}" if gt and ct else "–"
         mg = gt * c["megatron_flops_per_token"] / PEAK if gt else None
+        sd = gt * c["seed_flops_per_token"] / PEAK if gt and c.get("seed_flops_per_token") else None
         lines.append(f"| {r['name']} | {fmt_b(c['params_total'])} / {fmt_b(c['params_active'])} | {c['tokens_per_step']:,} "
-                     f"| {num(gt)} | {pct(g.get('mfu'))} | {pct(mg)} | {num(ev.get('tokens_per_s'))} ({pct(ev.get('mfu'))}) "
+                     f"| {num(gt)} | {pct(g.get('mfu'))} | {pct(sd)} | {pct(mg)} | {num(ev.get('tokens_per_s'))} ({pct(ev.get('mfu'))}) "
                      f"| {num(ct)} ({pct(co.get('mfu'))}) | {ratio} | {'; '.join(notes)} |")
     return "\n".join(lines)
 
@@ -392,6 +400,8 @@ def write(args, results, meta):
         g = r.get("ght", {})
         if g.get("tokens_per_s"):
             g["mfu_megatron"] = g["tokens_per_s"] * r["counts"]["megatron_flops_per_token"] / PEAK
+            if r["counts"].get("seed_flops_per_token"):
+                g["mfu_seed"] = g["tokens_per_s"] * r["counts"]["seed_flops_per_token"] / PEAK
     json.dump({**meta, "shapes": results}, open(path, "w"), indent=2)
     t = table(results)
     with open(os.path.join(args.out, "sweep.md"), "w") as f:

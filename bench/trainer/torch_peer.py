@@ -96,6 +96,12 @@ def megatron_flops_per_token(m):
     return flops_per_token(m) + 6.0 * m["vocab"] * m["d_model"]
 
 
+def seed_flops_per_token(m):
+    """ModelConfig::seed_flops_per_token(), the seed's count: 6 * N_active (embeddings included)
+    + 12 * L * T * d_model."""
+    return 6.0 * active_params(m) + 12.0 * m["layers"] * m["seq_len"] * m["d_model"]
+
+
 def tokens_per_step(m):
     return m["seq_len"] * m["micro_batch"] * m["grad_accum"]
 
@@ -288,7 +294,7 @@ def run_mode(torch, cfg, mode, args, device, notes):
     rec = {"name": args.name, "mode": mode, "device": str(device), "torch": torch.__version__,
            "tokens_per_step": tokens_per_step(m), "params_total": total_params(m),
            "params_active": active_params(m), "flops_per_token": flops_per_token(m),
-           "megatron_flops_per_token": megatron_flops_per_token(m)}
+           "megatron_flops_per_token": megatron_flops_per_token(m), "seed_flops_per_token": seed_flops_per_token(m)}
     model = opt = None
     try:
         torch.manual_seed(args.seed)
@@ -351,6 +357,7 @@ def run_mode(torch, cfg, mode, args, device, notes):
         rec.update({"step_ms": med, "step_ms_all": ms, "tokens_per_s": tps,
                     "mfu": tps * flops_per_token(m) / PEAK_FLOPS,
                     "mfu_megatron": tps * megatron_flops_per_token(m) / PEAK_FLOPS,
+                    "mfu_seed": tps * seed_flops_per_token(m) / PEAK_FLOPS,
                     "loss_first": lv[0], "loss_last": lv[-1], "finite": all(math.isfinite(x) for x in lv)})
         if device.type == "cuda":
             rec["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)

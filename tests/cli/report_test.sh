@@ -20,10 +20,12 @@ d = sys.argv[1]
 with open(d + "/log.jsonl", "w") as f:
     w = lambda r: f.write(json.dumps(r) + "\n")
     w({"type": "config", "step": 0, "config": {"model": {"name": "bench-h200"}, "train": {"backend": "cuda"}}})
-    w({"type": "mfu_formula", "formula": "6*N + 12*L*H*d*T over 989.4 TFLOP/s"})
+    w({"type": "mfu_formula", "formula": "6*N + 12*L*H*d*T over 989.4 TFLOP/s",
+       "seed_formula": "MFU (seed's count) = 6*N_active + 12*L*T*d_model over 989.4 TFLOP/s"})
     for s in range(1, 10):
         w({"type": "step", "step": s, "loss": 5.0 - 0.1 * s, "grad_norm": 1.0, "lr": 1e-4 * s,
-           "tokens_per_s": 40000 + 100 * s, "mfu": 0.40 + 0.01 * s, "elapsed_s": s,
+           "tokens_per_s": 40000 + 100 * s, "mfu": 0.40 + 0.01 * s, "mfu_seed": 0.45 + 0.01 * s,
+           "elapsed_s": s,
            "hbm_bytes": (60 + s) * 2**30, "host_bytes": 200 * 2**30,
            "mem": {"pinned": 3 * 2**30, "device_pool": {"current": 5 * 2**30, "peak": 6 * 2**30}},
            # the statistics adaptor's JSON: "all" and each tier chart, classes do not
@@ -35,7 +37,8 @@ with open(d + "/log.jsonl", "w") as f:
            "opt_stall_ms": 3.0, "step_gap_ms": 2.0,
            "predicted": {"forward_ms": 12.0, "backward_ms": 24.0, "opt_exposed_ms": 0.0, "wall_ms": 36.0}})
         if s == 3:  # a resume re-logs step 3: the later record wins
-            w({"type": "step", "step": 3, "loss": 4.0, "tokens_per_s": 41000, "mfu": 0.45, "elapsed_s": 3})
+            w({"type": "step", "step": 3, "loss": 4.0, "tokens_per_s": 41000, "mfu": 0.45,
+               "mfu_seed": 0.50, "elapsed_s": 3})
         if s % 3 == 0:
             w({"type": "eval", "step": s, "eval_loss": 4.5 - 0.1 * s, "elapsed_s": s})
     f.write('{"type": "step", "step": 10, "lo')  # torn by a kill
@@ -147,6 +150,18 @@ if table:
     check(row["a"]["forward_ms"] == "–", f"run a has no profile: {row['a']['forward_ms']}")
     check(row["gpu"].get("predicted backward_ms") == "24.00",
           f"the plan's predicted backward beside the measured one: {row['gpu'].get('predicted backward_ms')}")
+# The runs table: strict MFU and the seed's count side by side (medians over steps 1-9, step 3's
+# later record winning: strict 41,42,45,44..49 -> 45%; the seed's 46,47,50,49..54 -> 50%).
+summary = next((t for t in p.tables if t and "median MFU" in t[0]), None)
+check(summary is not None, "no runs table")
+if summary:
+    row = {r[0].split()[-1]: dict(zip(summary[0], r)) for r in summary[1:]}
+    check(row["gpu"]["median MFU"] == "45%", f"median strict MFU {row['gpu']['median MFU']}, want 45%")
+    check(row["gpu"].get("median MFU (seed's count)") == "50%",
+          f"median MFU under the seed's count {row['gpu'].get('median MFU (seed' + chr(39) + 's count)')}, want 50%")
+    check(row["a"].get("median MFU (seed's count)") == "–", "run a has no MFU: want a dash")
+check("MFU (seed&#x27;s count) = 6*N_active" in text or "MFU (seed&#39;s count) = 6*N_active" in text
+      or "MFU (seed's count) = 6*N_active" in text, "the seed's formula is not printed")
 check("1 line(s) that are not JSON objects were skipped" in text, "the torn line is not reported")
 check("bench-h200 (cuda)" in text, "the model from the config record is missing")
 

@@ -46,6 +46,11 @@ vocab = [m["vocab"] for m in ms]
 assert 32000 <= min(vocab) <= 32768 and max(vocab) == 151936, vocab
 big = [(m["d_model"], tp.total_params(m)) for m in ms if tp.total_params(m) > 4e9]
 assert not big, big
+# The seed's count of seed-21b, by hand (as tests/trainer/model_test.cpp counts it for ght):
+# 6 * 3,320,049,152 active parameters with the tied embedding + 12 * 30 * 4096 * 4096.
+s21 = dict(next(s for s in sweep.SHAPES if s["name"] == "seed21b-4l")["model"], layers=30)
+assert tp.active_params(s21) == 3320049152, tp.active_params(s21)
+assert tp.seed_flops_per_token(s21) == 6 * 3320049152 + 12 * 30 * 4096 * 4096, tp.seed_flops_per_token(s21)
 EOF
 
 # 2. The sweep's counts against ght's.
@@ -100,7 +105,9 @@ assert r["name"] == "smoke" and r["ght"]["tokens_per_s"] > 0, r
 assert r["ght"]["profile_steps"] == 3, r["ght"]
 assert "--steps 3" in r["ght"]["command"] and "-o model.tied_embeddings=false" in r["ght"]["command"]
 md = open(sys.argv[1] + "/sweep.md").read()
-assert "| smoke |" in md and "ght ÷ compile" in md, md
+assert "| smoke |" in md and "ght ÷ compile" in md and "ght MFU seed's count" in md, md
+want = r["ght"]["tokens_per_s"] * r["counts"]["seed_flops_per_token"] / 989.4e12
+assert abs(r["ght"]["mfu_seed"] - want) <= 1e-12 * want, (r["ght"]["mfu_seed"], want)
 EOF
   [ -f "$TMP/data/sweep-rand-512/prep.json" ] || fail "no data shards"
 else

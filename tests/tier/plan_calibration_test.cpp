@@ -69,7 +69,7 @@ double recompute_flops_of(const Plan& p) {
   return f;
 }
 
-TEST(PlanPhases, TheBackwardRatioSplitsComputeAndKeepsTheStep) {
+TEST(PlanPhases, TheBackwardRatioSplitsComputeAndKeepsTheStep) {  // no LM head counted
   const double params = 1e9;
   PlanOptions o = options_for(params, 64 * GiB);
   o.backward_ratio = 2.0;
@@ -91,15 +91,73 @@ TEST(PlanPhases, TheBackwardRatioSplitsComputeAndKeepsTheStep) {
   EXPECT_DOUBLE_EQ(back.prediction().forward_seconds, b.forward_seconds);
 }
 
+// The LM head's FLOPs run in the backward phase at their own rate: the layers' ratio splits the
+// rest, and the head's seconds are in the step and in the window transfers hide behind.
+TEST(PlanPhases, TheLmHeadIsTimedInTheBackwardAtItsOwnRate) {
+  const double params = 1e9;
+  PlanOptions o = options_for(params, 64 * GiB);
+  const Plan none = make_plan(regions_with_recompute(params), o);
+  o.head_flops = 7.2e15;  // 10 s at 720 TFLOP/s
+  o.head_tflops = 720;
+  const Plan head = make_plan(regions_with_recompute(params), o);
+  const Prediction &a = none.prediction(), &b = head.prediction();
+  EXPECT_NEAR(b.head_seconds, 10.0, 1e-9);
+  EXPECT_NEAR(b.compute_seconds, a.compute_seconds + 10.0, 1e-9);
+  EXPECT_NEAR(b.forward_seconds, a.forward_seconds, 1e-12);  // the forward is the layers' alone
+  EXPECT_NEAR(b.window_seconds, a.window_seconds + 10.0, 1e-9);
+  const Phases pb = predicted_phases(b);
+  EXPECT_NEAR(pb.backward - b.recompute_seconds, o.backward_ratio * pb.forward + 10.0, 1e-9);
+  const Plan back = Plan::from_json(head.to_json(), "p.json");
+  EXPECT_DOUBLE_EQ(back.options().head_flops, 7.2e15);
+  EXPECT_DOUBLE_EQ(back.options().head_tflops, 720);
+  EXPECT_DOUBLE_EQ(back.prediction().head_seconds, b.head_seconds);
+}
+
+// The defaults against the two recorded runs of seed-21b's layers (bench/results/
+// 2026-12-05-h100-seed21b-backward-breakdown.md; docs/options.md's H200 run): 10 layers at 262k
+// tokens/step on the H100, forward 1.29 s and backward 4.46 s; 30 layers at 1M tokens/step on the
+// H200, 14.1 s and 39.1 s. One layers' ratio and one LM head rate explain both depths, where a
+// single ratio for the whole backward (3.46 against 2.77) cannot.
+TEST(PlanPhases, OneLayerRatioAndTheHeadExplainBothRecordedDepths) {
+  const PlanOptions defaults;
+  struct Run { double layers, tokens, forward, backward; };
+  for (const Run r : {Run{10, 262144, 1.29, 4.46}, Run{30, 1048576, 14.1, 39.1}}) {
+    // seed-21b's counts (tests/trainer/model_test.cpp checks them by hand): strict FLOPs per token
+    // 6 x N_active_nonembedding + 12 L H d_head T, the head 6 x 151936 x 4096.
+    const double n_active = r.layers * (50602240.0 + 39321600.0) + 4096;
+    const double F = (6 * n_active + 12 * r.layers * 40 * 128 * 4096) * r.tokens;
+    const double H = 6.0 * 151936 * 4096 * r.tokens;
+    MeasuredPhases m;
+    m.step_flops = F;
+    m.forward_seconds = r.forward;
+    m.backward_seconds = r.backward;
+    m.head_flops = H;
+    const ComputeCalibration c = calibrate_compute(m, defaults.head_tflops);
+    EXPECT_NEAR(c.backward_ratio, defaults.backward_ratio, 0.05) << r.layers << " layers";
+    EXPECT_NEAR(c.tflops, defaults.assumed_tflops, 0.1 * defaults.assumed_tflops) << r.layers << " layers";
+    // The backward predicted from the measured forward, within 2%.
+    const double head_s = H / (defaults.head_tflops * 1e12);
+    EXPECT_NEAR((defaults.backward_ratio * r.forward + head_s) / r.backward, 1.0, 0.02) << r.layers << " layers";
+    // Both phases predicted from the defaults alone, within the 10% the step log flags.
+    const double forward = F / (defaults.assumed_tflops * 1e12 * (1 + defaults.backward_ratio));
+    EXPECT_NEAR(forward / r.forward, 1.0, 0.1) << r.layers << " layers";
+    EXPECT_NEAR((defaults.backward_ratio * forward + head_s) / r.backward, 1.0, 0.1) << r.layers << " layers";
+    m.head_flops = 0;  // the whole backward at one ratio: 3.46 at 10 layers, 2.77 at 30
+    EXPECT_GT(std::fabs(calibrate_compute(m, defaults.head_tflops).backward_ratio - defaults.backward_ratio), 0.3);
+  }
+}
+
 TEST(PlanPhases, CalibrationInvertsTheModel) {
   for (double r : {0.0, 0.05, 0.4}) {
     for (double rho : {1.5, 2.0, 2.75, 3.7}) {
       const double F = 2.5e16, S = 380e12, R = r * F;
       const double f = F / (S * (1 + rho));
-      const double b = rho * f + R / S;
-      const ComputeCalibration c = calibrate_compute({F, R, f, b});
-      EXPECT_NEAR(c.tflops, S / 1e12, 1e-9 * S / 1e12) << "r " << r << " rho " << rho;
-      EXPECT_NEAR(c.backward_ratio, rho, 1e-12) << "r " << r << " rho " << rho;
+      for (double H : {0.0, 4e15}) {
+        const double b = rho * f + R / S + H / 720e12;
+        const ComputeCalibration c = calibrate_compute({F, R, f, b, H}, 720);
+        EXPECT_NEAR(c.tflops, S / 1e12, 1e-9 * S / 1e12) << "r " << r << " rho " << rho << " H " << H;
+        EXPECT_NEAR(c.backward_ratio, rho, 1e-12) << "r " << r << " rho " << rho << " H " << H;
+      }
     }
   }
 }
@@ -107,7 +165,7 @@ TEST(PlanPhases, CalibrationInvertsTheModel) {
 TEST(PlanPhases, CalibrationRefusesPhasesItCannotExplain) {
   auto message = [](const MeasuredPhases& m) {
     try {
-      (void)calibrate_compute(m);
+      (void)calibrate_compute(m, 720);
     } catch (const config_error& e) {
       return std::string(e.what());
     }
@@ -119,6 +177,9 @@ TEST(PlanPhases, CalibrationRefusesPhasesItCannotExplain) {
   EXPECT_NE(message({1e15, -1, 1, 2}).find("phases.recompute_flops"), std::string::npos);
   // A backward no longer than the recompute the measured plan ran leaves nothing to calibrate.
   EXPECT_NE(message({1e15, 1e15, 1, 1}).find("no backward besides the recompute"), std::string::npos);
+  EXPECT_NE(message({1e15, 0, 1, 2, -1}).find("phases.head_flops"), std::string::npos);
+  // ...nor one that the LM head alone explains (7.2e14 FLOPs at 720 TFLOP/s: 1 s).
+  EXPECT_NE(message({1e15, 0, 1, 1, 7.2e14}).find("and the LM head (1.0"), std::string::npos);
 }
 
 // A run measures its phases; the auto policy planned on them predicts those phases back, for a
@@ -126,11 +187,12 @@ TEST(PlanPhases, CalibrationRefusesPhasesItCannotExplain) {
 TEST(PlanPhases, AutoPlansOnMeasuredPhasesAndPredictsThemBack) {
   const double params = 1e9;
   PlanOptions o = options_for(params, 4 * GiB);  // tight: the state goes to the host, activations recompute
+  o.head_flops = 1e15;
   const Plan first = make_plan(regions_with_recompute(params), o);
   ASSERT_GT(recompute_flops_of(first), 0);
   Measurements m;
   m.phases = {o.step_flops, recompute_flops_of(first), 0.9 * predicted_phases(first.prediction()).forward,
-              1.3 * predicted_phases(first.prediction()).backward};
+              1.3 * predicted_phases(first.prediction()).backward, o.head_flops};
 
   const Plan greedy = make_plan(regions_with_recompute(params), o, &m);
   EXPECT_DOUBLE_EQ(greedy.options().assumed_tflops, o.assumed_tflops);
@@ -158,12 +220,13 @@ TEST(PlanPhases, AutoPlansOnMeasuredPhasesAndPredictsThemBack) {
 TEST(PlanPhases, MeasurementsFileKeepsPhasesAndNamesBadOnes) {
   Measurements m;
   m.step_tokens = 4096;
-  m.phases = {1e15, 2e13, 1.25, 3.5};
+  m.phases = {1e15, 2e13, 1.25, 3.5, 7e13};
   const Measurements back = measurements_from_json(measurements_to_json(m), "m.json");
   EXPECT_DOUBLE_EQ(back.phases.step_flops, 1e15);
   EXPECT_DOUBLE_EQ(back.phases.recompute_flops, 2e13);
   EXPECT_DOUBLE_EQ(back.phases.forward_seconds, 1.25);
   EXPECT_DOUBLE_EQ(back.phases.backward_seconds, 3.5);
+  EXPECT_DOUBLE_EQ(back.phases.head_flops, 7e13);
   EXPECT_FALSE(measurements_from_json("{\"step_tokens\": 1}", "m.json").phases.present());
   auto expect_error = [](const std::string& text, const std::string& needle) {
     try {

@@ -493,6 +493,7 @@ PlanOptions model_options(std::uint64_t hbm, std::uint64_t host, double params) 
   PlanOptions o;
   o.link = gh200_numbers();
   o.step_flops = 6 * params * 4096 * 8;
+  o.assumed_tflops = 450;  // the seconds these tests work out by hand
   o.budgets = {hbm, host, "test hbm", "test host"};
   o.stream_staging_bytes = 64 * MiB;
   return o;
@@ -765,8 +766,11 @@ TEST(PlanBudgets, FromTheRegistry) {
   }
   {
     const auto reg = registry_with({"GHT_POLICY=static", "GHT_PLACE=grad=hbm", "GHT_STAGING_BYTES=1MiB",
-                                    "GHT_ASSUMED_TFLOPS=300"});
-    const PlanOptions o = plan_options_from_config(reg, gh200_numbers(), caps, 1e15);
+                                    "GHT_ASSUMED_TFLOPS=300", "GHT_ASSUMED_HEAD_TFLOPS=650"});
+    const PlanOptions o = plan_options_from_config(reg, gh200_numbers(), caps, 1e15, 6.5e14);
+    EXPECT_EQ(o.head_flops, 6.5e14);
+    EXPECT_EQ(o.head_tflops, 650);
+    EXPECT_DOUBLE_EQ(o.head_seconds(), 1.0);
     EXPECT_EQ(o.policy, Policy::static_rules);
     EXPECT_EQ(o.place, "grad=hbm");
     EXPECT_EQ(o.stream_staging_bytes, 2 * MiB);

@@ -131,6 +131,27 @@ TEST(Model, HuggingFaceNamesShapesAndLayout) {
   }
 }
 
+// The two FLOP counts of seed-21b (d 4096, 40 heads x 128, 8 kv heads, 30 layers, 64 experts of
+// ffn 800 with top-4, V 151936 tied, T 4096), counted here by hand from the shapes.
+TEST(Model, StrictAndSeedFlopCountsOfTheSeedShape) {
+  const ModelConfig c = ght::trainer::preset("seed-21b");
+  const double d = 4096, q = 40 * 128, kv = 8 * 128, L = 30, T = 4096, V = 151936;
+  const double attention = d * q + 2 * d * kv + q * d + 2 * 128;  // q, k, v, o + q/k norms
+  const double dense = attention + d * 64 + 2 * d;                // + router + 2 norms
+  const double active_experts = 4 * 3 * d * 800;
+  const double n_active_nonembedding = L * (dense + active_experts) + d;  // + final norm
+  EXPECT_EQ(static_cast<double>(c.active_nonembedding_params()), n_active_nonembedding);
+  EXPECT_DOUBLE_EQ(c.flops_per_token(), 6 * n_active_nonembedding + 12 * L * 40 * 128 * T);
+  // The seed's count: embeddings in N (once: tied) and d_model, not heads x head_dim, in attention.
+  EXPECT_DOUBLE_EQ(c.seed_flops_per_token(), 6 * (n_active_nonembedding + V * d) + 12 * L * T * d);
+  EXPECT_NEAR(c.seed_flops_per_token() / c.flops_per_token(), 1.094, 0.001);
+  // Untied, the LM head's weights count too.
+  ModelConfig u = c;
+  u.tied_embeddings = false;
+  EXPECT_DOUBLE_EQ(u.seed_flops_per_token() - c.seed_flops_per_token(), 6 * V * d);
+  EXPECT_DOUBLE_EQ(u.flops_per_token(), c.flops_per_token());
+}
+
 TEST(Model, InitIsHfLikeAndSeeded) {
   MoEModel<float> a(small_config(false)), b(small_config(false));
   a.init(42);

@@ -72,7 +72,8 @@ class PlanDecide : public ::testing::Test {
     config::cfg() = registry_with(env);
     const auto caps = tier::nominal_capacities(m.profile);
     return tier::plan_options_from_config(config::cfg(), tier::builtin_profile(m.profile),
-                                          caps ? *caps : tier::machine_capacities(), model_step_flops(c));
+                                          caps ? *caps : tier::machine_capacities(), model_step_flops(c),
+                                          model_head_flops(c));
   }
   static std::string chosen(const tier::SearchResult& r) {
     return r.chosen ? r.best().changes(r.dimensions) : std::string("(refused)");
@@ -249,7 +250,8 @@ TEST_F(PlanDecide, TheGh200TopologyFixtureGivesTheCapacitiesAndThePlanKeepsFp32S
   const ModelConfig c = at_tokens("seed-21b", 1 << 20);
   config::cfg() = registry_with({"GHT_PLAN_LEDGER=" + ledger_.string()});
   const tier::PlanOptions o =
-      tier::plan_options_from_config(config::cfg(), tier::builtin_profile("gh200"), caps, model_step_flops(c));
+      tier::plan_options_from_config(config::cfg(), tier::builtin_profile("gh200"), caps, model_step_flops(c),
+                                     model_head_flops(c));
   const DecidedPlan d = decide_plan(c, o, PlanScope{});
   SCOPED_TRACE(d.table(c));
   const tier::Plan& p = d.model.plan;

@@ -197,7 +197,7 @@ Plan plan_for(const std::string& model, const std::string& profile, std::vector<
   const tier::LinkNumbers link = tier::builtin_profile(profile);
   const auto caps = tier::nominal_capacities(profile);
   EXPECT_TRUE(caps.has_value());
-  const auto options = tier::plan_options_from_config(reg, link, *caps, model_step_flops(c));
+  const auto options = tier::plan_options_from_config(reg, link, *caps, model_step_flops(c), model_head_flops(c));
   return plan_model(c, options).plan;
 }
 
@@ -416,7 +416,8 @@ TEST(LmHeadChunk, PlanModelTakesTheLargeChunkOnlyFromFreeHbm) {
     const auto caps = tier::nominal_capacities(model == "bench-h200" ? "pcie5" : "gh200");
     ASSERT_TRUE(caps.has_value());
     const auto options = tier::plan_options_from_config(
-        reg, tier::builtin_profile(model == "bench-h200" ? "pcie5" : "gh200"), *caps, model_step_flops(c));
+        reg, tier::builtin_profile(model == "bench-h200" ? "pcie5" : "gh200"), *caps, model_step_flops(c),
+        model_head_flops(c));
     const ModelPlan mp = plan_model(c, options);
     const std::int64_t small = ce_chunk_rows_within(4096, c.vocab, kLmHeadSmallLogits);
     EXPECT_EQ(mp.lm_head_rows, small) << "HBM is full: the larger chunk would move a region";

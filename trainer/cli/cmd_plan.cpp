@@ -166,7 +166,7 @@ void run(const PlanArgs& a) {
 
   std::string header;
   std::vector<ght::tier::Region> regions;
-  double step_flops = 0;
+  double step_flops = 0, head_flops = 0;  // the layers' FLOPs per step, the LM head's
   std::optional<ght::trainer::ModelConfig> trainer_cfg;
   if (a.tokens_per_step > 0 && a.model.empty() && a.config.empty()) {
     throw ght::config_error("--tokens-per-step needs a model: add --model PRESET|FILE or --config FILE");
@@ -174,6 +174,7 @@ void run(const PlanArgs& a) {
   if (!a.model.empty() || !a.config.empty()) {
     const auto cfg = with_tokens_per_step(model_config(a), a.tokens_per_step);
     step_flops = ght::trainer::model_step_flops(cfg);
+    head_flops = ght::trainer::model_head_flops(cfg);
     auto count = [](std::int64_t n) {
       char b[32];
       const double x = static_cast<double>(n);
@@ -205,7 +206,10 @@ void run(const PlanArgs& a) {
     if (a.ranks > 1) throw ght::config_error("--ranks applies to a model (--model, --config), not to --regions");
     auto set = ght::tier::load_regions_file(a.regions);
     regions = std::move(set.regions);
-    if (set.step_flops > 0) step_flops = set.step_flops;  // the file's own step size wins
+    if (set.step_flops > 0) {  // the file's own step size wins; it counts no LM head
+      step_flops = set.step_flops;
+      head_flops = 0;
+    }
     header += "regions: " + a.regions + "\n";
   }
   const ght::tier::LinkNumbers link = ght::tier::resolve_link_numbers();
@@ -215,7 +219,7 @@ void run(const PlanArgs& a) {
   // A built-in profile plans for that machine: its nominal memory, unless budgets are given.
   const auto nominal = ght::tier::nominal_capacities(reg.get_string(ght::config::Key::GHT_LINK_PROFILE));
   const ght::tier::Capacities caps = nominal ? *nominal : ght::tier::machine_capacities();
-  auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops);
+  auto options = ght::tier::plan_options_from_config(reg, link, caps, step_flops, head_flops);
   std::optional<ght::tier::Measurements> measured;
   if (!a.measurements.empty()) {
     measured = ght::tier::load_measurements_file(a.measurements);

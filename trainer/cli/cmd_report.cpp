@@ -106,7 +106,7 @@ struct Run {
   std::map<std::string, Curve> memory;   // tier name -> bytes per step
   std::map<double, json> profile;        // step -> profile record
   std::string model;                     // from the config record, when there is one
-  std::string mfu_formula;
+  std::string mfu_formula, seed_formula;  // the strict count and the seed's
   std::size_t records = 0, bad_lines = 0;
 };
 
@@ -188,7 +188,7 @@ Run read_run(const std::string& arg) {
     const std::string type = r.value("type", "");
     const std::optional<double> step = number(r, "step");
     if (type == "step" && step) {
-      for (const char* k : {"loss", "grad_norm", "lr", "tokens_per_s", "mfu"}) {
+      for (const char* k : {"loss", "grad_norm", "lr", "tokens_per_s", "mfu", "mfu_seed"}) {
         if (const auto v = number(r, k)) run.curves[k][*step] = *v;
       }
       read_memory(r, *step, run.memory);
@@ -215,6 +215,9 @@ Run read_run(const std::string& arg) {
       }
     } else if (type == "mfu_formula" && r.contains("formula") && r["formula"].is_string()) {
       run.mfu_formula = r["formula"].get<std::string>();
+      if (r.contains("seed_formula") && r["seed_formula"].is_string()) {
+        run.seed_formula = r["seed_formula"].get<std::string>();
+      }
     }
   }
   // profile.json holds the first N steps' breakdowns; log.jsonl's own profile records win, and
@@ -228,7 +231,7 @@ Run read_run(const std::string& arg) {
         const auto st = s.is_object() ? number(s, "step") : std::nullopt;
         if (!st) continue;
         run.profile.emplace(*st, s);
-        for (const char* k : {"tokens_per_s", "mfu"}) {
+        for (const char* k : {"tokens_per_s", "mfu", "mfu_seed"}) {
           if (const auto v = number(s, k)) run.curves[k].emplace(*st, *v);
         }
         if (!log_memory) read_memory(s, *st, run.memory);
@@ -236,6 +239,9 @@ Run read_run(const std::string& arg) {
     }
     if (run.mfu_formula.empty() && pj.is_object() && pj.contains("formula") && pj["formula"].is_string()) {
       run.mfu_formula = pj["formula"].get<std::string>();
+    }
+    if (run.seed_formula.empty() && pj.is_object() && pj.contains("seed_formula") && pj["seed_formula"].is_string()) {
+      run.seed_formula = pj["seed_formula"].get<std::string>();
     }
   }
   return run;
@@ -584,7 +590,7 @@ td:first-child,th:first-child{text-align:left}.note{color:#777;font-size:12px}co
 std::string summary_table(const std::vector<Run>& runs) {
   std::string s =
       "<table class=\"runs\">\n<tr><th>run</th><th>log</th><th>model</th><th>steps</th><th>last loss</th>"
-      "<th>best eval loss</th><th>median tokens/s</th><th>median MFU</th></tr>\n";
+      "<th>best eval loss</th><th>median tokens/s</th><th>median MFU</th><th>median MFU (seed's count)</th></tr>\n";
   for (std::size_t r = 0; r < runs.size(); ++r) {
     const Run& run = runs[r];
     const auto curve = [&](const char* k) -> const Curve* {
@@ -609,7 +615,8 @@ std::string summary_table(const std::vector<Run>& runs) {
          "</td><td><code>" + esc(run.path) + "</code></td><td>" + (run.model.empty() ? "&ndash;" : esc(run.model)) +
          "</td><td>" + (loss ? fmt("%.0f", loss->rbegin()->first) : "&ndash;") + "</td><td>" +
          (loss ? fmt("%.4f", loss->rbegin()->second) : "&ndash;") + "</td><td>" + best + "</td><td>" +
-         med("tokens_per_s", Unit::count) + "</td><td>" + med("mfu", Unit::percent) + "</td></tr>\n";
+         med("tokens_per_s", Unit::count) + "</td><td>" + med("mfu", Unit::percent) + "</td><td>" +
+         med("mfu_seed", Unit::percent) + "</td></tr>\n";
   }
   return s + "</table>\n";
 }
@@ -625,6 +632,7 @@ std::string render(const std::vector<Run>& runs) {
            " line(s) that are not JSON objects were skipped (a torn last line of a killed run?).</p>\n";
     }
     if (!r.mfu_formula.empty()) s += "<p class=\"note\">" + esc(r.label) + " MFU: " + esc(r.mfu_formula) + "</p>\n";
+    if (!r.seed_formula.empty()) s += "<p class=\"note\">" + esc(r.label) + ": " + esc(r.seed_formula) + "</p>\n";
   }
 
   s += "<section id=\"training\">\n<h2>Training</h2>\n<div class=\"charts\">\n";

@@ -68,7 +68,7 @@ void CudaRun::load_compute_weights(std::size_t r, int ahead, std::span<const flo
 
 void CudaRun::on_start(MetricsLogger& log) {
   model_->zero_grad();
-  log.log_event({{"type", "mfu_formula"}, {"formula", mfu_formula_}});
+  log.log_event({{"type", "mfu_formula"}, {"formula", mfu_formula_}, {"seed_formula", seed_formula_}});
 }
 
 void CudaRun::synchronize() {

@@ -58,6 +58,7 @@ StepProfile CudaRun::measure_step(double dt, const optimizer::StepResult& sr, do
   const auto tokens = static_cast<double>(mc.tokens_per_step());
   p.tokens_per_s = tokens / dt;
   p.mfu = mc.flops_per_token() * tokens / dt / kPeakFlops;
+  p.mfu_seed = mc.seed_flops_per_token() * tokens / dt / kPeakFlops;
   p.h2d_gb = sr.taken ? link_h2d_per_step_ / 1e9 : 0;
   p.d2h_gb = sr.taken ? link_d2h_per_step_ / 1e9 : 0;
   p.speculated_params = sr.speculated_params;
@@ -120,6 +121,8 @@ void CudaRun::write_profile() {
   j["formula"] = mfu_formula_;
   j["peak_flops"] = kPeakFlops;
   j["flops_per_token"] = mc.flops_per_token();
+  j["seed_formula"] = seed_formula_;
+  j["seed_flops_per_token"] = mc.seed_flops_per_token();
   j["tokens_per_step"] = mc.tokens_per_step();
   j["definitions"] = {
       {"forward_ms", "compute stream, embedding through the last layer, minus opt_stall_ms (in a CUDA graph "
@@ -166,7 +169,7 @@ void CudaRun::write_profile() {
   pl["recomputed_layers"] = rc;
   j["placement"] = pl;
   nlohmann::ordered_json steps = nlohmann::ordered_json::array();
-  std::vector<double> fw, bw, ex, wall, mfu, tps, upd, spec;
+  std::vector<double> fw, bw, ex, wall, mfu, mfu_seed, tps, upd, spec;
   for (const auto& p : profile_) {
     steps.push_back(p.json());
     if (&p == &profile_.front() && profile_.size() > 1) continue;  // warm-up step
@@ -176,6 +179,7 @@ void CudaRun::write_profile() {
     ex.push_back(p.opt_exposed_ms);
     wall.push_back(p.wall_ms);
     mfu.push_back(p.mfu);
+    mfu_seed.push_back(p.mfu_seed);
     tps.push_back(p.tokens_per_s);
     if (p.prev_opt_update_ms) upd.push_back(*p.prev_opt_update_ms);
     spec.push_back(static_cast<double>(p.speculated_params));
@@ -183,6 +187,7 @@ void CudaRun::write_profile() {
   j["median_excluding_first_step"] = {{"wall_ms", median(wall)},   {"forward_ms", median(fw)},
                                       {"backward_ms", median(bw)}, {"opt_exposed_ms", median(ex)},
                                       {"opt_update_ms", median(upd)}, {"mfu", median(mfu)},
+                                      {"mfu_seed", median(mfu_seed)},
                                       {"tokens_per_s", median(tps)}, {"link_gb_h2d", link_h2d_per_step_ / 1e9},
                                       {"link_gb_d2h", link_d2h_per_step_ / 1e9},
                                       {"speculated_params", median(spec)}};

@@ -27,6 +27,7 @@ tier::Measurements CudaRun::measurements() const {
   m.phases.step_flops = plan_->options().step_flops;
   // The cost model's recompute seconds are its FLOPs at the sustained rate (cost_model.hpp).
   m.phases.recompute_flops = p.recompute_seconds * plan_->options().assumed_tflops * 1e12;
+  m.phases.head_flops = plan_->options().head_flops;
   m.phases.forward_seconds = median(phase_fwd_s_);
   m.phases.backward_seconds = median(phase_bwd_s_);
   return m;
@@ -47,8 +48,10 @@ void CudaRun::replan_on_measurements(MetricsLogger& log) const {
   std::string line = "auto: re-planned on the phases measured after the warm-up step (median of " +
                      std::to_string(phase_fwd_s_.size()) + " steps)";
   try {
-    const tier::ComputeCalibration c = tier::calibrate_compute(m.phases);
-    line += fmt(": %.0f TFLOP/s sustained", c.tflops) + fmt(", backward %.2fx the forward", c.backward_ratio);
+    const tier::ComputeCalibration c = tier::calibrate_compute(m.phases, plan_->options().head_tflops);
+    line += fmt(": the layers at %.0f TFLOP/s sustained", c.tflops) +
+            fmt(", their backward %.2fx the forward", c.backward_ratio) +
+            fmt(" (the LM head's %.2f s taken out of the backward)", plan_->options().head_seconds());
     const tier::SearchResult r = search_model_plans(cfg_.model, plan_base_, plan_scope_, &m);
     if (!r.chosen) {
       log.print(line + "; no plan fits on them (the run keeps its own)");

@@ -101,7 +101,7 @@ struct StepEvents {
 struct StepProfile {
   std::int64_t step = 0;
   double wall_ms = 0, forward_ms = 0, backward_ms = 0, opt_stall_ms = 0, step_gap_ms = 0,
-         opt_exposed_ms = 0, opt_host_ms = 0, grad_stream_host_ms = 0, mfu = 0, tokens_per_s = 0,
+         opt_exposed_ms = 0, opt_host_ms = 0, grad_stream_host_ms = 0, mfu = 0, mfu_seed = 0, tokens_per_s = 0,
          h2d_gb = 0, d2h_gb = 0;
   std::size_t speculated_params = 0;  // updated during the last backward, before the grad norm
   double spec_host_ms = 0;            // host time spent launching those updates
@@ -127,6 +127,7 @@ struct StepProfile {
                                 {"opt_host_ms", opt_host_ms},
                                 {"grad_stream_host_ms", grad_stream_host_ms},
                                 {"mfu", mfu},
+                                {"mfu_seed", mfu_seed},
                                 {"tokens_per_s", tokens_per_s},
                                 {"link_gb_h2d", h2d_gb},
                                 {"link_gb_d2h", d2h_gb},
@@ -364,6 +365,7 @@ class CudaRun final : public TrainBackend {
   std::unique_ptr<KernelTracer> tracer_;   // alive during the traced step only
   std::uint64_t trace_start_ns_ = 0;
   std::string mfu_formula_;
+  std::string seed_formula_;  // the seed's counting, printed beside the strict one
   bool extra_work_since_last_step_ = false;
   // GHT_OPT_DELAY=1 (trainer/README.md): two weight and gradient buffers; the model computes
   // with one pair while the update of the previous step reads the other's gradient and writes

@@ -22,7 +22,8 @@ tier::PlanOptions run_plan_options(const ModelConfig& mc, const alloc::tiered_al
   const config::Registry& reg = config::cfg();
   const tier::LinkNumbers link = tier::resolve_link_numbers();
   const tier::Capacities caps = tier::machine_capacities();
-  tier::PlanOptions options = tier::plan_options_from_config(reg, link, caps, model_step_flops(mc));
+  tier::PlanOptions options =
+      tier::plan_options_from_config(reg, link, caps, model_step_flops(mc), model_head_flops(mc));
   // The allocator's budgets, less a margin for what the plan does not model (allocation
   // rounding, the norm scratch): 1 MiB + 0.25%.
   auto planned = [](std::uint64_t b) { return b - std::min(b, (std::uint64_t{1} << 20) + b / 400); };
@@ -254,6 +255,11 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
                  std::to_string(mc.active_nonembedding_params()) + " + 12 x " + std::to_string(mc.layers) +
                  " x " + std::to_string(mc.heads) + " x " + std::to_string(mc.head_dim) + " x " +
                  std::to_string(mc.seq_len) + " = " + fmt("%.4g", fpt) + " FLOP/token";
+  seed_formula_ = "MFU (seed's count) = seed_flops_per_token x tokens_per_step / step_seconds / 989.4e12, "
+                  "seed_flops_per_token = 6 x N_active (embeddings included) + 12 x L x T x d_model = 6 x " +
+                  std::to_string(mc.active_params()) + " + 12 x " + std::to_string(mc.layers) + " x " +
+                  std::to_string(mc.seq_len) + " x " + std::to_string(mc.d_model) + " = " +
+                  fmt("%.4g", mc.seed_flops_per_token()) + " FLOP/token";
   const auto mem = model_->memory();
   say("model " + mc.name + ": " + std::to_string(mc.total_params()) + " params (" +
       std::to_string(mc.active_params()) + " active), " + std::to_string(mc.tokens_per_step()) +
@@ -323,6 +329,7 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
                        "hooks act (each reason is noted once)"
                  : "off: " + graphs.why_off));
   say(mfu_formula_);
+  say(seed_formula_);
 }
 
 }  // namespace ght::trainer::cuda_run

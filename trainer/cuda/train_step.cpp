@@ -209,6 +209,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   o.grad_norm = grad_norm;
   o.seconds = dt;
   o.mfu = p.mfu;
+  o.mfu_seed = p.mfu_seed;
   o.link_gb_h2d = p.h2d_gb;
   o.link_gb_d2h = p.d2h_gb;
   return o;
