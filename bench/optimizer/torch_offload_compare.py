@@ -12,6 +12,8 @@ contender in its own process (so one's memory never counts against another):
                    (AdamW.step_in_backward), so the link traffic overlaps the backward
   ghtier_gpu_link_q8   the same with 8-bit m and v (state="q8"): an inexact choice, listed apart
   ghtier_cpu       ghtier.torch.AdamW(path="cpu"): the same state, updated by the host AdamW
+  ghtier_cpu_bwd   the same in AdamW.step_in_backward: gradient copies on a copy stream and host
+                   updates on a worker thread while the backward goes on
   torchao          torchao's CPUOffloadOptimizer(torch.optim.AdamW, fused CPU step): fp32
                    parameters in HBM under bf16 autocast, fp32 state on the host
   fsdp2            FSDP2 (fully_shard, one rank) with CPUOffloadPolicy and bf16 MixedPrecisionPolicy:
@@ -35,7 +37,8 @@ import subprocess
 import sys
 import time
 
-CONTENDERS = ("ghtier_gpu_link", "ghtier_gpu_link_bwd", "ghtier_gpu_link_q8", "ghtier_cpu", "torchao", "fsdp2", "deepspeed", "torch_hbm")
+CONTENDERS = ("ghtier_gpu_link", "ghtier_gpu_link_bwd", "ghtier_gpu_link_q8", "ghtier_cpu", "ghtier_cpu_bwd", "torchao",
+              "fsdp2", "deepspeed", "torch_hbm")
 
 
 def build_model(torch, layers, d, dtype, device):
@@ -71,9 +74,9 @@ def one_process(name, a):
     if name.startswith("ghtier"):
         import ghtier.torch as gt
         model = build_model(torch, a.layers, a.d, param_dtype, dev)
-        opt = gt.AdamW(model.parameters(), lr=1e-4, path="cpu" if name == "ghtier_cpu" else "gpu_link",
+        opt = gt.AdamW(model.parameters(), lr=1e-4, path="cpu" if name.startswith("ghtier_cpu") else "gpu_link",
                        state="q8" if name.endswith("_q8") else "fp32")
-        if name == "ghtier_gpu_link_bwd":
+        if name.endswith("_bwd"):
             def step():
                 with opt.step_in_backward():
                     loss_of(model).backward()

@@ -23,6 +23,7 @@ except ImportError as _e:  # pragma: no cover - exercised by the import test in 
                       "`import ghtier` works without it") from _e
 
 import ghtier as _ghtier
+from ghtier._host_pipeline import HostUpdatePipeline, side_streams
 
 __all__ = ["use_allocator", "allocator_in_use", "placement", "current_placement", "memory_stats",
            "where", "AdamW"]
@@ -245,6 +246,8 @@ class AdamW(torch.optim.Optimizer):
         self._stagers: Dict[torch.device, Any] = {}
         self._hook_handles: Optional[list] = None
         self._in_backward: Optional[Dict[str, Any]] = None  # step_in_backward's step while open
+        self._worker: Optional[Any] = None  # the cpu path's update thread in step_in_backward
+        self._side_streams: Dict[torch.device, Tuple[Any, Any]] = {}  # its copy and upload streams
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -430,7 +433,9 @@ class AdamW(torch.optim.Optimizer):
     def step_in_backward(self):
         """One AdamW step taken during backward(): each parameter is updated as soon as its
         gradient is final (torch's register_post_accumulate_grad_hook), so the update, and on
-        the gpu_link path its link traffic, overlaps the rest of the backward. Put it around the
+        the gpu_link path its link traffic, overlaps the rest of the backward. On the cpu path
+        the gradient copies run on a copy stream and the host updates on a worker thread, so the
+        backward does not wait for them (python/ghtier/_host_pipeline.py). Put it around the
         last backward of a step (after any gradient-accumulation micro-batches):
 
             with opt.step_in_backward():
@@ -451,7 +456,13 @@ class AdamW(torch.optim.Optimizer):
                                   for p in self._flat_params() if p.requires_grad]
         self._wait_uploads()
         groups = {p: g for g in self.param_groups for p in g["params"]}
-        self._in_backward = dict(keys=self._round_keys(), group_of=groups, done=set())
+        pipeline = None
+        if self.path == "cpu":
+            if self._worker is None:
+                from concurrent.futures import ThreadPoolExecutor
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="ghtier-adamw")
+            pipeline = HostUpdatePipeline(self._worker, lambda d: side_streams(self._side_streams, d))
+        self._in_backward = dict(keys=self._round_keys(), group_of=groups, done=set(), pipeline=pipeline)
         if self.link_mode == "dma":
             for dev in {p.device for p in groups}:
                 self._stager(dev).begin_step()
@@ -459,8 +470,13 @@ class AdamW(torch.optim.Optimizer):
             yield self
         except BaseException:
             self._in_backward = None  # the backward failed: parameters already updated stay so
+            if pipeline is not None:
+                with contextlib.suppress(BaseException):
+                    pipeline.finish()  # no update may still run once the caller sees the error
             raise
         ctx, self._in_backward = self._in_backward, None
+        if pipeline is not None:
+            pipeline.finish()
         with torch.no_grad():
             for p, group in groups.items():
                 if p.grad is not None and p not in ctx["done"]:
@@ -472,8 +488,27 @@ class AdamW(torch.optim.Optimizer):
         if ctx is None or p in ctx["done"] or p.grad is None:
             return
         with torch.no_grad():
-            self._update_one(ctx["group_of"][p], p, ctx["keys"][p])
+            if ctx["pipeline"] is not None:
+                self._update_on_worker(ctx["pipeline"], ctx["group_of"][p], p, ctx["keys"][p])
+            else:
+                self._update_one(ctx["group_of"][p], p, ctx["keys"][p])
         ctx["done"].add(p)
+
+    def _update_on_worker(self, pipeline: HostUpdatePipeline, group: dict, p: torch.Tensor, key: int) -> None:
+        """The cpu path in backward: queue p's gradient copy, update on the worker thread."""
+        if len(self.state[p]) == 0:
+            self._init_state(p)
+        bufs = self._ensure_bufs(p)
+        got: Dict[str, Any] = {}
+
+        def copy_grad() -> None:
+            got["g"], got["kind"] = self._host_grad(p, bufs)
+
+        def update(upload: Optional[tuple]) -> Optional[Any]:
+            with torch.no_grad():  # grad mode is per thread
+                return self._update(group, p, bufs, got["g"], got["kind"], 1.0, key, upload)
+
+        pipeline.submit(p, copy_grad, update)
 
     def _update_one(self, group: dict, p: torch.Tensor, key: int) -> None:
         """Update one parameter now, unclipped (step_in_backward)."""
@@ -501,7 +536,10 @@ class AdamW(torch.optim.Optimizer):
         return keys
 
     def _update(self, group: dict, p: torch.Tensor, bufs: Dict[str, torch.Tensor], g: torch.Tensor,
-                kind: str, clip: float, key: int) -> None:
+                kind: str, clip: float, key: int, upload: Optional[tuple] = None) -> Optional[Any]:
+        """One parameter's update; on the cpu path the new weights go back to a CUDA parameter on
+        its current stream, or with `upload` = (stream, event) on that stream after that event
+        (step_in_backward's pipeline), and the upload's event is returned."""
         st = self.state[p]
         st["step"] += 1
         n = p.numel()
@@ -527,13 +565,19 @@ class AdamW(torch.optim.Optimizer):
         if not own_master:
             return
         src = weight if weight is not None else master
-        if p.device.type == "cuda":
+        if p.device.type != "cuda":
+            p.copy_(src)
+            return None
+        stream = torch.cuda.current_stream(p.device)
+        if upload is not None:
+            stream, after = upload
+            stream.wait_event(after)
+        with torch.cuda.stream(stream):
             p.copy_(src, non_blocking=True)
             ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(p.device))
-            self._uploads.append(ev)
-        else:
-            p.copy_(src)
+            ev.record(stream)
+        self._uploads.append(ev)
+        return ev
 
     def _stager(self, dev: torch.device) -> Any:
         st = self._stagers.get(dev)

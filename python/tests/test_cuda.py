@@ -228,3 +228,40 @@ def test_step_in_backward_on_the_gpu_link_path(python):
     r = python(STEP_IN_BACKWARD_CUDA)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "ok step_in_backward" in r.stdout
+
+
+STEP_IN_BACKWARD_CPU_PATH = """
+import torch, ghtier.torch as gt
+H = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+for state in ("fp32", "q8"):
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        ws = [torch.randn(512, 64) * 0.3, torch.randn(512, 512) * 0.05, torch.randn(32, 512) * 0.3]
+        a = [torch.nn.Parameter(w.cuda().to(dtype)) for w in ws]
+        b = [torch.nn.Parameter(w.cuda().to(dtype)) for w in ws]
+        oa = gt.AdamW(a, path="cpu", state=state, **H)
+        ob = gt.AdamW(b, path="cpu", state=state, **H)
+        def loss(p, x):
+            return (torch.tanh(torch.tanh(x @ p[0].T) @ p[1].T) @ p[2].T).float().square().mean()
+        for t in range(6):
+            x = torch.randn(256, 64, device="cuda", dtype=dtype)
+            with oa.step_in_backward():
+                loss(a, x).backward()
+            oa.zero_grad(set_to_none=True)
+            loss(b, x).backward()
+            ob.step()
+            ob.zero_grad(set_to_none=True)
+        for p, q in zip(a, b):
+            assert torch.equal(p.detach(), q.detach()), (state, dtype)
+        assert oa._worker is not None and len(oa._side_streams) == 1
+print("ok cpu path in backward")
+"""
+
+
+@needs_cuda
+def test_step_in_backward_on_the_cpu_path_with_cuda_parameters(python):
+    # Gradient copies on a copy stream, host updates on the worker thread, uploads ordered before
+    # the next forward: the same weights as backward() then step(), bit for bit.
+    r = python(STEP_IN_BACKWARD_CPU_PATH)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok cpu path in backward" in r.stdout
