@@ -13,7 +13,9 @@
  *   - noise_band: the exact run's own seed-to-seed spread of that figure (max − min over seeds,
  *     relative to their mean);
  *   - extra_tokens: the share of the run's tokens the choice needs beyond the exact run's to reach
- *     the exact run's final eval loss (0 where it gets there as soon; absent where it never does);
+ *     the same eval loss: the choice ends where the exact runs' mean curve was at step s, so it
+ *     lags by steps / s − 1 (≤ 0 where it ends ahead: its first step at the exact final loss, over
+ *     steps, − 1); absent where the curves never meet (bench/trainer/ledger.sh computes it);
  *   - within_noise: |eval_loss_delta| ≤ noise_band, or the choice is better than exact.
  *
  * The ledger is data: tier/accuracy_ledger.json in the repository, built into ght; GHT_PLAN_LEDGER

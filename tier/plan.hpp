@@ -80,6 +80,10 @@ struct Access {
   /// > 0: the access happens only when the region's expert receives at least one of this many
   /// tokens; its bytes are scaled by 1 - (1 - routing_frequency)^routing_tokens.
   double routing_tokens = 0;
+  /// A memory-bound pass of its own (the optimizer update): on HBM its GPU bytes cost time at the
+  /// link profile's hbm_bps, on the critical path (it shares the SMs and HBM with the compute).
+  /// Other accesses of an HBM region are part of the compute that the FLOPs time.
+  bool hbm_pass = false;
   bool operator==(const Access&) const = default;
 };
 
@@ -231,7 +235,8 @@ struct Prediction {
   double forward_seconds = 0;     ///< the layers' forward part of compute_seconds (backward_ratio)
   double recompute_seconds = 0;
   double window_seconds = 0;      ///< compute + recompute: what transfers can hide behind
-  double exposed_seconds = 0;     ///< recompute + transfers that do not hide
+  double hbm_pass_seconds = 0;    ///< passes over HBM besides the compute (the device update)
+  double exposed_seconds = 0;     ///< recompute + HBM passes + transfers that do not hide
   double step_seconds = 0;        ///< compute + exposed
   double optimizer_link_seconds = 0;  ///< link time of the "optimizer" accesses alone
   bool operator==(const Prediction&) const = default;

@@ -200,8 +200,12 @@ std::string Plan::format_table(bool explain) const {
        << "                host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
        << "                both paths at once at this share, GHT_OPT_CPU_SHARE forces another)\n";
   }
-  os << "  recompute     " << secs(p.recompute_seconds) << "\n"
-     << "  window        " << secs(p.window_seconds) << " of compute to hide transfers behind\n"
+  os << "  recompute     " << secs(p.recompute_seconds) << "\n";
+  if (p.hbm_pass_seconds > 0) {
+    os << "  HBM update    " << secs(p.hbm_pass_seconds) << " (state in HBM, at " << num(o.link.hbm_bps / 1e12, 2)
+       << " TB/s: not hidden)\n";
+  }
+  os << "  window        " << secs(p.window_seconds) << " of compute to hide transfers behind\n"
      << "  exposed       " << secs(p.exposed_seconds) << "   predicted step " << secs(p.step_seconds)
      << "\n";
   if (explain && !notes_.empty()) {

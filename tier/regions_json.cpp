@@ -133,13 +133,14 @@ json access_to_json(const Access& a) {
   if (a.window_fraction != 1) put_double(j, "window_fraction", a.window_fraction);
   if (a.gpu_path != GpuPath::copy) j["gpu_path"] = std::string(to_string(a.gpu_path));
   if (a.routing_tokens != 0) put_double(j, "routing_tokens", a.routing_tokens);
+  if (a.hbm_pass) j["hbm_pass"] = true;
   return j;
 }
 
 Access access_from_json(const json& j, const std::string& origin, const std::string& path) {
   check_keys(j, origin, path,
              {"what", "gpu_read_bytes", "gpu_write_bytes", "cpu_read_bytes", "cpu_write_bytes",
-              "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens"});
+              "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens", "hbm_pass"});
   Access a;
   const std::string def_what = "compute";
   a.what = get_string(j, "what", origin, path, &def_what);
@@ -156,6 +157,7 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   if (!p) fail(origin, join(path, "gpu_path"), "expected copy or kernel, got '" + gp + "'");
   a.gpu_path = *p;
   a.routing_tokens = get_double(j, "routing_tokens", origin, path, 0);
+  a.hbm_pass = get_bool(j, "hbm_pass", origin, path, false);
   for (double v : {a.gpu_read_bytes, a.gpu_write_bytes, a.cpu_read_bytes, a.cpu_write_bytes,
                    a.times_per_step, a.routing_tokens}) {
     if (!(v >= 0) || !std::isfinite(v)) fail(origin, path, "byte counts, times_per_step and routing_tokens must be finite and >= 0");
@@ -465,6 +467,7 @@ std::string Plan::to_json() const {
   put_double(pj, "head_seconds", p.head_seconds);
   put_double(pj, "recompute_seconds", p.recompute_seconds);
   put_double(pj, "window_seconds", p.window_seconds);
+  put_double(pj, "hbm_pass_seconds", p.hbm_pass_seconds);
   put_double(pj, "exposed_seconds", p.exposed_seconds);
   put_double(pj, "step_seconds", p.step_seconds);
   put_double(pj, "optimizer_link_seconds", p.optimizer_link_seconds);
@@ -541,7 +544,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   check_keys(*pj, origin, "prediction",
              {"hbm_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "h2d_seconds", "d2h_seconds",
               "link_seconds", "host_traffic_bytes", "host_seconds", "compute_seconds", "forward_seconds",
-              "head_seconds", "recompute_seconds", "window_seconds", "exposed_seconds", "step_seconds",
+              "head_seconds", "recompute_seconds", "window_seconds", "hbm_pass_seconds", "exposed_seconds", "step_seconds",
               "optimizer_link_seconds"});
   Prediction p;
   const std::string pp = "prediction";
@@ -559,6 +562,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   p.head_seconds = get_double(*pj, "head_seconds", origin, pp, 0);
   p.recompute_seconds = get_double(*pj, "recompute_seconds", origin, pp, 0);
   p.window_seconds = get_double(*pj, "window_seconds", origin, pp, 0);
+  p.hbm_pass_seconds = get_double(*pj, "hbm_pass_seconds", origin, pp, 0);
   p.exposed_seconds = get_double(*pj, "exposed_seconds", origin, pp, 0);
   p.step_seconds = get_double(*pj, "step_seconds", origin, pp, 0);
   p.optimizer_link_seconds = get_double(*pj, "optimizer_link_seconds", origin, pp, 0);

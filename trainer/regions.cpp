@@ -31,6 +31,8 @@ struct Group {
 Access make_access(const char* what, double times, double window, GpuPath path) {
   Access a;
   a.what = what;
+  // The update is a pass over its bytes of its own; the other accesses are the compute's.
+  a.hbm_pass = std::string_view(what) == "optimizer";
   a.times_per_step = times;
   a.window_fraction = window;
   a.gpu_path = path;

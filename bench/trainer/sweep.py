@@ -149,7 +149,7 @@ def ght_plan(ght, shape):
     """ght's own numbers for a shape: `ght plan --profile pcie5 --json` (the H200's nominal memory).
     Total parameters = the bf16 weight regions' bytes / 2; FLOPs per token = step_flops / tokens."""
     cmd = [ght, "plan", "--config", os.path.join(ROOT, BASE_CONFIG), *overrides(shape), "--profile", "pcie5", "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, GHT_PLAN_TOLERANCE="exact"))
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()[-500:]}")
     p = json.loads(r.stdout)
@@ -275,7 +275,8 @@ def run_ght(args, shape, data, clock):
     name = shape["name"]
     run_dir = os.path.join(args.runs, f"sweep-{name}")
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run directory: ght refuses an old run
-    env = dict(os.environ, GHT_SAVE_CHECKPOINTS="off")
+    # Exact, like the peer's fp32 AdamW: unpinned, the plan may take q8 m/v where it is faster.
+    env = dict(os.environ, GHT_SAVE_CHECKPOINTS="off", GHT_PLAN_TOLERANCE="exact")
     cmd = [args.ght, "train", "--config", os.path.join(ROOT, BASE_CONFIG), *overrides(shape), "--data", data,
            "--out", run_dir, "--backend", "cuda", "--steps", str(args.steps), "--profile-steps", str(args.steps),
            "-o", "train.log_every=1", "-o", "train.eval_batches=1"]
