@@ -46,7 +46,6 @@ mkdir -p "$RUNS"
 header=$("$GHT" plan --config "$config" --profile pcie5 ${LEDGER_ARGS:-} | sed -n 's/^model: \([^:]*\): \([0-9.]*[MB]\) params.*/\1 \2/p')
 read -r model params <<<"$header"
 [ -n "${model:-}" ] || { echo "ledger.sh: 'ght plan --config $config' printed no model header" >&2; exit 1; }
-case "$params" in *M) params=$(python3 -c "print(${params%M}*1e6)") ;; *B) params=$(python3 -c "print(${params%B}*1e9)") ;; *) params=0 ;; esac
 pin=${LEDGER_PIN-GHT_PLAN_TOLERANCE=exact}
 common=(train --config "$config" --backend "${LEDGER_BACKEND:-cuda}" -o train.steps="$steps" -o train.eval_every="$every"
         -o train.log_every=10 ${LEDGER_ARGS:-})
