@@ -67,7 +67,8 @@ start() {  # start NAME SEED [VAR=VALUE[,VAR=VALUE...]]
   [ -n "${3:-}" ] && IFS=, read -r -a vars <<<"$3"
   while ((parallel > 0 && ${#pids[@]} >= parallel)); do finish; done
   rm -rf "${RUNS:?}/$name"
-  env ${pin:+"$pin"} GHT_CPU_THREADS="${LEDGER_CPU_THREADS:-2}" "${extra_env[@]}" "${vars[@]}" \
+  # No checkpoints: the ledger reads only the logs (a 1B run's final checkpoint is 16 GB).
+  env ${pin:+"$pin"} GHT_SAVE_CHECKPOINTS=off GHT_CPU_THREADS="${LEDGER_CPU_THREADS:-2}" "${extra_env[@]}" "${vars[@]}" \
     timeout "${LEDGER_TIMEOUT:-1500}" "$GHT" "${common[@]}" \
     --out "$RUNS/$name" -o train.seed="$seed" > "$RUNS/$name.out" 2>&1 &
   pids+=($!)
