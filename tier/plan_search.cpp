@@ -71,7 +71,7 @@ bool ranks_before(const Candidate& a, const Candidate& b) {
   const int ka = kind(a), kb = kind(b);
   if (ka != kb) return ka < kb;
   if (ka < 2) {
-    if (a.step_seconds() != b.step_seconds()) return a.step_seconds() < b.step_seconds();
+    if (a.rank_seconds() != b.rank_seconds()) return a.rank_seconds() < b.rank_seconds();
     return a.inexact.size() < b.inexact.size();
   }
   if (ka == 2 && a.missing_bytes != b.missing_bytes) return a.missing_bytes < b.missing_bytes;
@@ -92,10 +92,10 @@ void plan_candidate(Candidate& c, const PlanCandidate& plan_one) {
 // kPreferExactWithin of it.
 std::optional<std::size_t> choose(const std::vector<Candidate>& ranked) {
   if (ranked.empty() || !ranked[0].plan || !ranked[0].admitted) return std::nullopt;
-  const double limit = ranked[0].step_seconds() * (1 + kPreferExactWithin);
+  const double limit = ranked[0].rank_seconds() * (1 + kPreferExactWithin);
   std::size_t best = 0;
   for (std::size_t i = 1; i < ranked.size() && ranked[i].plan && ranked[i].admitted; ++i) {
-    if (ranked[i].step_seconds() <= limit && ranked[i].inexact.size() < ranked[best].inexact.size()) best = i;
+    if (ranked[i].rank_seconds() <= limit && ranked[i].inexact.size() < ranked[best].inexact.size()) best = i;
   }
   return best;
 }
@@ -159,6 +159,11 @@ std::string Price::describe() const {
 
 double Candidate::step_seconds() const {
   return plan ? plan->prediction().step_seconds : std::numeric_limits<double>::infinity();
+}
+
+double Candidate::rank_seconds() const {
+  return plan ? plan->prediction().step_seconds - plan->prediction().hbm_pass_seconds
+              : std::numeric_limits<double>::infinity();
 }
 
 std::string Candidate::changes(const std::vector<Dimension>& dims) const {

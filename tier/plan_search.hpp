@@ -95,6 +95,11 @@ struct Candidate {
   bool admitted = false;        ///< within the tolerance
   std::string refused;          ///< why it is not admitted (tolerance)
   [[nodiscard]] double step_seconds() const;  ///< +inf without a plan
+  /// What the search ranks by: step_seconds() without the update of state in HBM
+  /// (Prediction::hbm_pass_seconds). Per byte, q8 or bf16 m/v would update faster in HBM than fp32;
+  /// measured, they do not (bench-h200 on the H100: q8's update 79 ms for 5.85B parameters, fp32's
+  /// about 70 ms scaled from seed-21b's layers), so the HBM update does not pick the precision.
+  [[nodiscard]] double rank_seconds() const;
   /// "GHT_OPT_STATE=q8 GHT_GRAD_ACCUM=bf16": the settings that differ from the exact defaults
   /// (the first value of each dimension), or "(defaults)".
   [[nodiscard]] std::string changes(const std::vector<Dimension>& dims) const;

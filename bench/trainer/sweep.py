@@ -371,8 +371,7 @@ def table(results):
             notes.append("peer experts: loop")
         gt, ct = g.get("tokens_per_s"), co.get("tokens_per_s")
         ratio = f"{gt / ct:.2f}" if gt and ct else "–"
-        mg = gt * c["megatron_flops_per_token"] / PEAK if gt else None
-        sd = gt * c["seed_flops_per_token"] / PEAK if gt and c.get("seed_flops_per_token") else None
+        mg, sd = g.get("mfu_megatron"), g.get("mfu_seed")  # set by write()
         lines.append(f"| {r['name']} | {fmt_b(c['params_total'])} / {fmt_b(c['params_active'])} | {c['tokens_per_step']:,} "
                      f"| {num(gt)} | {pct(g.get('mfu'))} | {pct(sd)} | {pct(mg)} | {num(ev.get('tokens_per_s'))} ({pct(ev.get('mfu'))}) "
                      f"| {num(ct)} ({pct(co.get('mfu'))}) | {ratio} | {'; '.join(notes)} |")

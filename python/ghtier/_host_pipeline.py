@@ -29,9 +29,9 @@ import torch
 class HostUpdatePipeline:
     """One step's pipeline; `submit` per parameter from the gradient hooks, `finish` once."""
 
-    def __init__(self, worker: ThreadPoolExecutor, streams: Callable[[torch.device], Tuple[Any, Any]]):
+    def __init__(self, worker: ThreadPoolExecutor, streams: Dict[torch.device, Tuple[Any, Any]]):
         self._worker = worker
-        self._streams = streams  # device -> (copy stream, upload stream), made once per optimizer
+        self._streams = streams  # the optimizer's cache: device -> (copy stream, upload stream)
         self._jobs: List[Future] = []
         self._uploaded: List[Tuple[torch.device, Any]] = []
 
@@ -45,7 +45,7 @@ class HostUpdatePipeline:
             self._jobs.append(self._worker.submit(update, None))
             return
         dev = p.grad.device
-        copy_stream, upload_stream = self._streams(dev)
+        copy_stream, upload_stream = side_streams(self._streams, dev)
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(dev))
         copy_stream.wait_event(ready)

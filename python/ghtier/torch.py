@@ -23,7 +23,7 @@ except ImportError as _e:  # pragma: no cover - exercised by the import test in 
                       "`import ghtier` works without it") from _e
 
 import ghtier as _ghtier
-from ghtier._host_pipeline import HostUpdatePipeline, side_streams
+from ghtier._host_pipeline import HostUpdatePipeline
 
 __all__ = ["use_allocator", "allocator_in_use", "placement", "current_placement", "memory_stats",
            "where", "AdamW"]
@@ -313,6 +313,12 @@ class AdamW(torch.optim.Optimizer):
         self._bufs[p] = bufs
         return bufs
 
+    def _state_bufs(self, p: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """p's buffers, its state created on first use."""
+        if len(self.state[p]) == 0:
+            self._init_state(p)
+        return self._ensure_bufs(p)
+
     def _init_state(self, p: torch.Tensor) -> None:
         st = self.state[p]
         st["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -396,9 +402,7 @@ class AdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if len(self.state[p]) == 0:
-                    self._init_state(p)
-                bufs = self._ensure_bufs(p)
+                bufs = self._state_bufs(p)
                 g, kind = self._host_grad(p, bufs) if self.path == "cpu" else self._gpu_grad(p)
                 if p.grad.device.type == "cuda":
                     cuda_devices.add(p.grad.device)
@@ -461,7 +465,7 @@ class AdamW(torch.optim.Optimizer):
             if self._worker is None:
                 from concurrent.futures import ThreadPoolExecutor
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="ghtier-adamw")
-            pipeline = HostUpdatePipeline(self._worker, lambda d: side_streams(self._side_streams, d))
+            pipeline = HostUpdatePipeline(self._worker, self._side_streams)
         self._in_backward = dict(keys=self._round_keys(), group_of=groups, done=set(), pipeline=pipeline)
         if self.link_mode == "dma":
             for dev in {p.device for p in groups}:
@@ -496,9 +500,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _update_on_worker(self, pipeline: HostUpdatePipeline, group: dict, p: torch.Tensor, key: int) -> None:
         """The cpu path in backward: queue p's gradient copy, update on the worker thread."""
-        if len(self.state[p]) == 0:
-            self._init_state(p)
-        bufs = self._ensure_bufs(p)
+        bufs = self._state_bufs(p)
         got: Dict[str, Any] = {}
 
         def copy_grad() -> None:
@@ -512,9 +514,7 @@ class AdamW(torch.optim.Optimizer):
 
     def _update_one(self, group: dict, p: torch.Tensor, key: int) -> None:
         """Update one parameter now, unclipped (step_in_backward)."""
-        if len(self.state[p]) == 0:
-            self._init_state(p)
-        bufs = self._ensure_bufs(p)
+        bufs = self._state_bufs(p)
         if self.path == "cpu":
             g, kind = self._host_grad(p, bufs)
             if p.grad.device.type == "cuda":
