@@ -222,17 +222,22 @@ void CudaRun::make_optimizer() {
 // by_path: parameters per optimizer path.
 void CudaRun::count_link_bytes(std::size_t (&by_path)[3]) {
   const ModelConfig& mc = cfg_.model;
-  const double state_bytes_per_param = optimizer::state_bytes_per_param(opt_->state_type());
   for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
     const auto n = static_cast<double>(opt_->region(r).n);
     const optimizer::Path p = opt_->path(r);
     by_path[static_cast<int>(p)] += opt_->region(r).n;
     if (p == optimizer::Path::gpu_link) {
-      // Host master, m and v read and written once (12 bytes each way, 8 with bf16 m and v,
-      // 6.03 with q8); a host gradient is read too. (A region whose state the plan split between
-      // tiers is counted as all-host: an upper bound.)
-      link_h2d_per_step_ += state_bytes_per_param * n + (stream_grads_ ? 4 * n : 0);
-      link_d2h_per_step_ += state_bytes_per_param * n;
+      // The state buffers on the host (master 4 B, m and v 4, 2 or 1.015 B per parameter) read
+      // and written once; those the plan left in HBM stay there. A host gradient is read too.
+      double host_state = 0;
+      for (const TensorClass cls : {TensorClass::master, TensorClass::adam_m, TensorClass::adam_v}) {
+        if (opt_->state(r, cls).tier != TierKind::host) continue;
+        host_state += cls == TensorClass::master
+                          ? 4 * n
+                          : static_cast<double>(optimizer::state_bytes(opt_->state_type(), opt_->region(r).n));
+      }
+      link_h2d_per_step_ += host_state + (stream_grads_ ? 4 * n : 0);
+      link_d2h_per_step_ += host_state;
     } else if (p == optimizer::Path::cpu) {
       link_d2h_per_step_ += stream_grads_ ? 0 : 4 * n;  // fp32 gradient down
       link_h2d_per_step_ += 2 * n;                       // bf16 weight up
