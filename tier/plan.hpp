@@ -128,7 +128,9 @@ struct PlanOptions {
   Budgets budgets;
   LinkNumbers link;
   double step_flops = 0;    ///< the layers' training FLOPs per step (sizes the overlap window)
-  double assumed_tflops = 500;  ///< the layers' sustained rate (GHT_ASSUMED_TFLOPS)
+  /// The layers' sustained rate (GHT_ASSUMED_TFLOPS). This default, backward_ratio's and
+  /// head_tflops' are the registry's (config_options.inc; tests/tier/plan_test.cpp checks them).
+  double assumed_tflops = 500;
   /// Backward compute time over forward compute time of the layers (recompute and the LM head
   /// excluded): how step_flops' time splits into the forward and backward phases a run measures
   /// (GHT_ASSUMED_BWD_RATIO; FLOPs alone give 2).

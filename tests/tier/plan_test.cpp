@@ -777,6 +777,14 @@ TEST(PlanBudgets, FromTheRegistry) {
     EXPECT_EQ(o.assumed_tflops, 300);
     EXPECT_EQ(o.step_flops, 1e15);
   }
+  {
+    // A PlanOptions built in code (tests, tools) assumes the rates the registry defaults to.
+    const PlanOptions from_registry = plan_options_from_config(registry_with({}), gh200_numbers(), caps, 1e15, 0);
+    const PlanOptions in_code;
+    EXPECT_EQ(in_code.assumed_tflops, from_registry.assumed_tflops);
+    EXPECT_EQ(in_code.backward_ratio, from_registry.backward_ratio);
+    EXPECT_EQ(in_code.head_tflops, from_registry.head_tflops);
+  }
   ASSERT_TRUE(nominal_capacities("gh200").has_value());
   EXPECT_EQ(nominal_capacities("gh200")->host_total, 480'000'000'000ULL);
   EXPECT_FALSE(nominal_capacities("measured").has_value());
