@@ -49,9 +49,12 @@ read -r -d '' -a TEST_LIST <<<"$TESTS"
 # (optimizer/detail/adamw_simd.cpp, tier/detail/triad_simd.cpp) and the AdamW paths that call it.
 # qemu-user runs 256-bit SVE about 9x slower than 128-bit (optimizer_simd_kernels_test: 51 s
 # against 5.8 s), so running every program there took 965 s of CI's time for code (the compiler's
-# vector-length-agnostic loops) that the 128-bit run already covers.
+# vector-length-agnostic loops) that the 128-bit run already covers. optimizer_adamw_q8_state_test
+# stays at 128 bits: its bit-for-bit test against the scalar reference takes 45 s there and over
+# 7 minutes at 256, and optimizer_simd_kernels_test checks the same q8 loop against a scalar
+# reference, byte for byte, on every Highway target, SVE_256 included.
 WIDE_TESTS=${WIDE_TESTS:-"optimizer_simd_kernels_test tier_host_triad_test optimizer_adamw_test
-  optimizer_adamw_bf16_state_test optimizer_adamw_q8_state_test"}
+  optimizer_adamw_bf16_state_test"}
 read -r -d '' -a WIDE_LIST <<<"$WIDE_TESTS"
 # Tests that cannot work under qemu-user: "Suite.Test=reason" (gtest patterns allowed). None so
 # far: qemu-user 7.2 answers get_mempolicy/mbind/set_mempolicy with ENOSYS, so libnuma reports
