@@ -26,6 +26,10 @@ mkdir -p "$OUT_DIR"
 cases=("$@")
 [ ${#cases[@]} -eq 0 ] && cases=(seed262k bench64k 14l64k)
 bash bench/make_bench_data.sh "$GHT" || exit 1
+# The plans below predict from this machine's probed link and HBM numbers; without a probe cache a
+# fresh machine would plan with the builtin profile of its link kind (the H200's, on an H100).
+timeout 300 "$GHT" info --probe >"$OUT_DIR/probe.txt" 2>&1 ||
+  echo "plan_noknobs: ght info --probe failed ($OUT_DIR/probe.txt): the plans use the builtin profile"
 fail=0
 for c in "${cases[@]}"; do
   case $c in
