@@ -222,7 +222,6 @@ void Load::add(const Load& o, double sign) {
     b.d2h_s += sign * x.d2h_s;
     b.host_bytes += sign * x.host_bytes;
     b.host_s += sign * x.host_s;
-    b.hbm_bytes += sign * x.hbm_bytes;
     b.hbm_s += sign * x.hbm_s;
   }
   recompute_flops += sign * o.recompute_flops;
@@ -283,9 +282,7 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
       b.h2d_bytes += up;
       b.h2d_s += seconds_for(up, link_.h2d_bps);
       if (a.hbm_pass && link_.hbm_bps > 0) {
-        const double moved = k * (a.gpu_read_bytes + a.gpu_write_bytes);
-        b.hbm_bytes += moved;
-        b.hbm_s += moved / link_.hbm_bps;
+        b.hbm_s += k * (a.gpu_read_bytes + a.gpu_write_bytes) / link_.hbm_bps;
       }
     } else {
       const double up = k * a.gpu_read_bytes, down = k * a.gpu_write_bytes;
@@ -318,7 +315,6 @@ StepTime CostModel::evaluate(const Load& total) const {
     cum.d2h_s += b.d2h_s;
     cum.host_bytes += b.host_bytes;
     cum.host_s += b.host_s;
-    cum.hbm_bytes += b.hbm_bytes;
     cum.hbm_s += b.hbm_s;
     const double hide = windows_[k] * t.window_seconds;
     const double lt = link_time(link_, cum.h2d_s, cum.d2h_s, cum.h2d_bytes, cum.d2h_bytes);
@@ -332,7 +328,6 @@ StepTime CostModel::evaluate(const Load& total) const {
   t.link_seconds = link_time(link_, cum.h2d_s, cum.d2h_s, cum.h2d_bytes, cum.d2h_bytes);
   t.host_bytes = cum.host_bytes;
   t.host_seconds = cum.host_s;
-  t.hbm_pass_bytes = cum.hbm_bytes;
   t.hbm_pass_seconds = std::max(0.0, cum.hbm_s);
   t.exposed_seconds = t.recompute_seconds + std::max(t.exposed_link, t.exposed_host);
   t.step_seconds = t.compute_seconds + t.exposed_seconds;

@@ -166,7 +166,7 @@ struct Load {
     double h2d_bytes = 0, d2h_bytes = 0;  ///< link bytes each way
     double h2d_s = 0, d2h_s = 0;          ///< link seconds each way, alone
     double host_bytes = 0, host_s = 0;    ///< host-memory traffic
-    double hbm_bytes = 0, hbm_s = 0;      ///< HBM passes besides the compute (Access::hbm_pass)
+    double hbm_s = 0;                     ///< HBM passes besides the compute (Access::hbm_pass)
   };
   std::vector<std::pair<int, Bucket>> parts;
   double recompute_flops = 0;
@@ -182,8 +182,8 @@ struct StepTime {
   double h2d_bytes = 0, d2h_bytes = 0, h2d_seconds = 0, d2h_seconds = 0, link_seconds = 0;
   double host_bytes = 0, host_seconds = 0;
   /// The HBM passes (Access::hbm_pass), on the critical path but not in exposed_seconds or
-  /// step_seconds: placement does not trade them against the link (see plan.cpp, prediction()).
-  double hbm_pass_bytes = 0, hbm_pass_seconds = 0;
+  /// step_seconds: placement does not trade them against the link (see plan.cpp, predict_with()).
+  double hbm_pass_seconds = 0;
   double compute_seconds = 0, recompute_seconds = 0, window_seconds = 0;
   double exposed_link = 0, exposed_host = 0;
   double exposed_seconds = 0, step_seconds = 0;
