@@ -13,9 +13,15 @@
 #             fits one 80 GB card, for the per-op forward and backward at the seed's shapes
 #   bench64k  bench-h200 (10 layers, 5.85B), 16 micro-batches (64k tokens/step), 4 steps
 #   14l64k    bench-h200-14l (7.94B), 16 micro-batches (64k tokens/step), 4 steps
+# HAND="GHT_A=x,GHT_B=y GHT_C=z ..." also runs each case with each of these hand settings (a
+# setting is a comma-separated list of options; settings are separated by spaces), HAND_STEPS
+# steps each (default 3): the sweep of hand settings that the plan's choice is held against. A
+# setting the plan refuses is recorded as refused. The summary table (bench/trainer/noknobs_table.py)
+# goes to OUT_DIR/summary.md.
 # TRACE=1 also traces the last profiled step's kernels (CUPTI, --trace-kernels): the per-op
 # forward and backward GPU time goes to OUT_DIR/<case>.kernel_breakdown.{md,json}.
-# Output: OUT_DIR/<case>.plan.txt, <case>.log, <case>.profile.json. Data: random tokens
+# Output: OUT_DIR/<case>.plan.txt, <case>.log, <case>.profile.json; per hand setting i,
+# <case>.hand<i>.{setting,log,profile.json}. Data: random tokens
 # (bench/make_bench_data.sh): throughput only.
 set -uo pipefail
 GHT=${1:?usage: plan_noknobs.sh GHT_BIN OUT_DIR [CASE ...]}
@@ -55,5 +61,22 @@ for c in "${cases[@]}"; do
     cp "$run/$f" "$OUT_DIR/$c.$f" 2>/dev/null
   done
   echo "=== $c done $(date -u +%T) rc=$rc"
+  i=0
+  for setting in ${HAND:-}; do
+    i=$((i + 1))
+    echo "$setting" >"$OUT_DIR/$c.hand$i.setting"
+    envs=()
+    IFS=, read -ra envs <<<"$setting"
+    echo "=== $c hand $i $(date -u +%T): $setting"
+    env GHT_SAVE_CHECKPOINTS=off "${envs[@]}" timeout "$limit" "$GHT" train --config configs/bench-h200.toml \
+      "${args[@]}" --out "$run-hand$i" --overwrite --steps "${HAND_STEPS:-3}" --profile-steps "${HAND_STEPS:-3}" \
+      >"$OUT_DIR/$c.hand$i.log" 2>&1
+    rc=$?
+    grep -E "^(plan|predicted against|memory after|step [0-9]+/)" "$OUT_DIR/$c.hand$i.log" | tail -4
+    cp "$run-hand$i/profile.json" "$OUT_DIR/$c.hand$i.profile.json" 2>/dev/null
+    rm -rf "$run-hand$i"
+    echo "=== $c hand $i done $(date -u +%T) rc=$rc"
+  done
 done
+python3 bench/trainer/noknobs_table.py "$OUT_DIR" | tee "$OUT_DIR/summary.md"
 exit $fail
