@@ -49,9 +49,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   const double ga = c.grad_accum;
   const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
   const double routed = g.expert >= 0 ? tokens : 0;  // expert accesses need a routed token
-  // The window the update can hide behind: exact, the last micro-batch's backward and the next
-  // forward (1/grad_accum of the step); delayed, the stale micro-batches of the next step.
-  const double opt_window = delayed_update() ? delay_stale_micro_batches(c.grad_accum) / ga : 1.0 / ga;
+  const double opt_window = update_window_fraction(c.grad_accum);
   auto base = [&](const char* suffix, ght::TensorClass cls, std::uint64_t bytes) {
     Region r;
     r.name = g.name + "." + suffix;
@@ -93,9 +91,9 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   // Streaming: every micro-batch copies the bf16 gradient down and the CPU adds it into the fp32
   // accumulator (reads 2 B and, after the first micro-batch, 4 B; writes 4 B per param). The
   // first grad_accum - 1 micro-batches can hide anywhere in the step; the last one only in the
-  // backward left after this gradient is complete (2/3 of a micro-batch's compute is backward),
+  // backward left after this gradient is complete (backward_share of a micro-batch's compute),
   // since the optimizer needs the sum: the embedding's, finished last, is on the critical path.
-  const double tail_window = (2.0 / 3.0) * g.backward_left / ga;
+  const double tail_window = backward_share() * g.backward_left / ga;
   std::vector<Access> host;
   if (c.grad_accum > 1) {
     Access stream = make_access("grad_stream", ga - 1, 1.0, GpuPath::copy);
@@ -383,6 +381,28 @@ optimizer::GradType hbm_grad_type() {
 }
 
 bool delayed_update() { return config::cfg().get_bool(config::Key::GHT_OPT_DELAY); }
+
+double backward_share() {
+  const double rho = config::cfg().get_float(config::Key::GHT_ASSUMED_BWD_RATIO);
+  return rho / (1 + rho);
+}
+
+bool speculating_updates() {
+  const config::Registry& reg = config::cfg();
+  const auto set = [&](config::Key k) {
+    const config::SizeValue v = reg.get_size(k);
+    return v.bytes > 0 || v.fraction.value_or(0) > 0;
+  };
+  return set(config::Key::GHT_OPT_SPECULATE) || set(config::Key::GHT_OPT_SPECULATE_HOST);
+}
+
+double update_window_fraction(int grad_accum) {
+  const double ga = grad_accum;
+  if (delayed_update()) return delay_stale_micro_batches(grad_accum) / ga;
+  // Exact: each unit's update starts once the last backward is done (or, speculating, as that
+  // backward finishes the unit), and the next step's first forward waits for it unit by unit.
+  return (speculating_updates() ? 1.0 : 1.0 - backward_share()) / ga;
+}
 
 std::int64_t delay_warmup_steps() { return config::cfg().get_int(config::Key::GHT_OPT_DELAY_WARMUP); }
 

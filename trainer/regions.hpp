@@ -138,6 +138,17 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 
 /// GHT_OPT_DELAY: the one-step-delayed update (trainer/README.md).
 [[nodiscard]] bool delayed_update();
+/// The backward's share of a micro-batch's layer compute, rho / (1 + rho) with rho the plan's
+/// backward-over-forward ratio (GHT_ASSUMED_BWD_RATIO).
+[[nodiscard]] double backward_share();
+/// Whether either speculation arena is asked for (GHT_OPT_SPECULATE or GHT_OPT_SPECULATE_HOST
+/// non-zero): the exact update may then start during the last backward.
+[[nodiscard]] bool speculating_updates();
+/// The share of the step that the update can hide behind (tier::Access::window_fraction):
+/// delayed, the next step's stale micro-batches (delay_stale_micro_batches / grad_accum); exact,
+/// the next step's first forward (each unit's forward waits for that unit's update), plus the
+/// last backward when speculating_updates().
+[[nodiscard]] double update_window_fraction(int grad_accum);
 /// GHT_OPT_DELAY_MICRO: how many of a step's `grad_accum` micro-batches compute one update
 /// behind, in [1, grad_accum] (grad_accum: the whole step, also for 0, the default).
 [[nodiscard]] int delay_stale_micro_batches(int grad_accum);

@@ -147,7 +147,7 @@ TEST(ModelRegions, Seed21bShape) {
       EXPECT_DOUBLE_EQ(h[1].cpu_read_bytes + h[3].cpu_read_bytes, p * (2 * 8 + 4 * 7));
       EXPECT_DOUBLE_EQ(h[1].cpu_write_bytes + h[3].cpu_write_bytes, p * 4 * 8);
       EXPECT_DOUBLE_EQ(h[0].times_per_step * h[0].gpu_write_bytes + h[2].gpu_write_bytes, 8 * 2 * p);
-      EXPECT_DOUBLE_EQ(h[2].window_fraction, (2.0 / 3.0) * (7.0 / 30.0) / 8);
+      EXPECT_DOUBLE_EQ(h[2].window_fraction, (2.4 / 3.4) * (7.0 / 30.0) / 8);  // rho 2.4: backward 2.4/3.4
       EXPECT_DOUBLE_EQ(h[4].gpu_read_bytes, 4 * p);
       EXPECT_EQ(h[4].gpu_path, tier::GpuPath::kernel);
     }
@@ -182,6 +182,40 @@ TEST(ModelRegions, Bf16GradientAccumulationHalvesTheGradientBytes) {
   for (const auto& r : rs) {
     if (r.cls == TensorClass::grad) {
       EXPECT_EQ(r.host_bytes.value_or(0), 2 * r.bytes) << r.name;
+    }
+  }
+}
+
+// The update's window: exact, the next step's first forward (1 / (1 + rho) of a micro-batch);
+// with a speculation arena, the last backward too; delayed, the stale micro-batches.
+TEST(ModelRegions, UpdateWindowFollowsTheSchedule) {
+  EXPECT_DOUBLE_EQ(backward_share(), 2.4 / 3.4);  // GHT_ASSUMED_BWD_RATIO's default
+  EXPECT_FALSE(speculating_updates());
+  EXPECT_DOUBLE_EQ(update_window_fraction(16), (1.0 / 3.4) / 16);
+  {
+    const ght::test::ScopedFlag ratio("GHT_ASSUMED_BWD_RATIO", "3");
+    EXPECT_DOUBLE_EQ(update_window_fraction(16), 0.25 / 16);
+  }
+  {
+    const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE", "8G");
+    EXPECT_TRUE(speculating_updates());
+    EXPECT_DOUBLE_EQ(update_window_fraction(16), 1.0 / 16);
+  }
+  {
+    const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE_HOST", "10%");
+    EXPECT_TRUE(speculating_updates());
+  }
+  const ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
+  const ght::test::ScopedFlag micro("GHT_OPT_DELAY_MICRO", "4");
+  EXPECT_DOUBLE_EQ(update_window_fraction(16), 4.0 / 16);
+  // The regions carry it on every optimizer access.
+  ModelConfig c = preset("tiny");
+  c.grad_accum = 16;
+  for (const Region& r : model_regions(c)) {
+    for (const tier::Access& a : r.access) {
+      if (a.what == "optimizer") {
+        EXPECT_DOUBLE_EQ(a.window_fraction, 4.0 / 16) << r.name;
+      }
     }
   }
 }
