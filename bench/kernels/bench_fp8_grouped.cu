@@ -47,6 +47,48 @@ struct Row {
 
 std::int64_t tiles(std::int64_t x) { return (x + kc::kFp8TileK - 1) / kc::kFp8TileK; }
 
+// The rows as JSON at `json_path` and as a table, each with its ratio to the bf16 row of its GEMM.
+void report(const std::vector<Row>& rows, const char* device, int iters, int E, std::int64_t R,
+            const std::string& json_path) {
+  // Ratio of each row's TFLOP/s to the bf16 row of the same GEMM.
+  auto bf16_tflops = [&](const std::string& what) {
+    for (const auto& r : rows)
+      if (r.what == what && r.impl.rfind("bf16", 0) == 0) return r.tflops;
+    return 0.0;
+  };
+  if (FILE* fj = std::fopen(json_path.c_str(), "w")) {
+    std::fprintf(fj, "{\"device\": \"%s\", \"iters\": %d, \"experts\": %d, \"rows\": %lld, \"results\": [\n",
+                 json_escape(device).c_str(), iters, E, static_cast<long long>(R));
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      const double base = bf16_tflops(r.what);
+      std::fprintf(fj,
+                   "  {\"gemm\": \"%s\", \"impl\": \"%s\", \"ms\": %.5f, \"flops\": %.0f, \"bytes\": %.0f, "
+                   "\"tflops\": %.2f, \"gbps\": %.1f, \"ratio_to_bf16\": %.4f, \"note\": \"%s\"}%s\n",
+                   json_escape(r.what).c_str(), json_escape(r.impl).c_str(), r.ms, r.flops, r.bytes, r.tflops,
+                   r.gbps, r.flops > 0 && base > 0 ? r.tflops / base : 0.0, json_escape(r.note).c_str(),
+                   i + 1 < rows.size() ? "," : "");
+    }
+    std::fprintf(fj, "]}\n");
+    std::fclose(fj);
+    std::printf("# wrote %s\n", json_path.c_str());
+  }
+  std::printf("\n%-36s %-26s %9s %9s %9s %8s\n", "gemm", "impl", "ms", "TFLOP/s", "GB/s", "vs bf16");
+  for (const auto& r : rows) {
+    if (!r.note.empty()) {
+      std::printf("%-36s %-26s n/a (%s)\n", r.what.c_str(), r.impl.c_str(), r.note.c_str());
+      continue;
+    }
+    const double base = bf16_tflops(r.what);
+    if (r.flops > 0) {
+      std::printf("%-36s %-26s %9.4f %9.1f %9.1f %8.3f\n", r.what.c_str(), r.impl.c_str(), r.ms, r.tflops, r.gbps,
+                  base > 0 ? r.tflops / base : 0.0);
+    } else {
+      std::printf("%-36s %-26s %9.4f %9s %9.1f %8s\n", r.what.c_str(), r.impl.c_str(), r.ms, "-", r.gbps, "-");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -164,43 +206,7 @@ int main(int argc, char** argv) {
     }
     (void)cudaFree(d_off);
 
-    // Ratio of each row's TFLOP/s to the bf16 row of the same GEMM.
-    auto bf16_tflops = [&](const std::string& what) {
-      for (const auto& r : rows)
-        if (r.what == what && r.impl.rfind("bf16", 0) == 0) return r.tflops;
-      return 0.0;
-    };
-    if (FILE* fj = std::fopen(json_path.c_str(), "w")) {
-      std::fprintf(fj, "{\"device\": \"%s\", \"iters\": %d, \"experts\": %d, \"rows\": %lld, \"results\": [\n",
-                   json_escape(prop.name).c_str(), iters, E, static_cast<long long>(R));
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        const auto& r = rows[i];
-        const double base = bf16_tflops(r.what);
-        std::fprintf(fj,
-                     "  {\"gemm\": \"%s\", \"impl\": \"%s\", \"ms\": %.5f, \"flops\": %.0f, \"bytes\": %.0f, "
-                     "\"tflops\": %.2f, \"gbps\": %.1f, \"ratio_to_bf16\": %.4f, \"note\": \"%s\"}%s\n",
-                     json_escape(r.what).c_str(), json_escape(r.impl).c_str(), r.ms, r.flops, r.bytes, r.tflops,
-                     r.gbps, r.flops > 0 && base > 0 ? r.tflops / base : 0.0, json_escape(r.note).c_str(),
-                     i + 1 < rows.size() ? "," : "");
-      }
-      std::fprintf(fj, "]}\n");
-      std::fclose(fj);
-      std::printf("# wrote %s\n", json_path.c_str());
-    }
-    std::printf("\n%-36s %-26s %9s %9s %9s %8s\n", "gemm", "impl", "ms", "TFLOP/s", "GB/s", "vs bf16");
-    for (const auto& r : rows) {
-      if (!r.note.empty()) {
-        std::printf("%-36s %-26s n/a (%s)\n", r.what.c_str(), r.impl.c_str(), r.note.c_str());
-        continue;
-      }
-      const double base = bf16_tflops(r.what);
-      if (r.flops > 0) {
-        std::printf("%-36s %-26s %9.4f %9.1f %9.1f %8.3f\n", r.what.c_str(), r.impl.c_str(), r.ms, r.tflops, r.gbps,
-                    base > 0 ? r.tflops / base : 0.0);
-      } else {
-        std::printf("%-36s %-26s %9.4f %9s %9.1f %8s\n", r.what.c_str(), r.impl.c_str(), r.ms, "-", r.gbps, "-");
-      }
-    }
+    report(rows, prop.name, iters, E, R, json_path);
     (void)cudaStreamDestroy(stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_fp8_grouped: %s\n", e.what());
