@@ -282,7 +282,7 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
       b.h2d_bytes += up;
       b.h2d_s += seconds_for(up, link_.h2d_bps);
       if (a.hbm_pass && link_.hbm_bps > 0) {
-        b.hbm_s += k * (a.gpu_read_bytes + a.gpu_write_bytes) / link_.hbm_bps;
+        b.hbm_s += k * (a.gpu_read_bytes + a.gpu_write_bytes) / (a.hbm_pass_share * link_.hbm_bps);
       }
     } else {
       const double up = k * a.gpu_read_bytes, down = k * a.gpu_write_bytes;

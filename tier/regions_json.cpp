@@ -134,13 +134,15 @@ json access_to_json(const Access& a) {
   if (a.gpu_path != GpuPath::copy) j["gpu_path"] = std::string(to_string(a.gpu_path));
   if (a.routing_tokens != 0) put_double(j, "routing_tokens", a.routing_tokens);
   if (a.hbm_pass) j["hbm_pass"] = true;
+  if (a.hbm_pass_share != 1) put_double(j, "hbm_pass_share", a.hbm_pass_share);
   return j;
 }
 
 Access access_from_json(const json& j, const std::string& origin, const std::string& path) {
   check_keys(j, origin, path,
              {"what", "gpu_read_bytes", "gpu_write_bytes", "cpu_read_bytes", "cpu_write_bytes",
-              "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens", "hbm_pass"});
+              "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens", "hbm_pass",
+              "hbm_pass_share"});
   Access a;
   const std::string def_what = "compute";
   a.what = get_string(j, "what", origin, path, &def_what);
@@ -158,6 +160,8 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   a.gpu_path = *p;
   a.routing_tokens = get_double(j, "routing_tokens", origin, path, 0);
   a.hbm_pass = get_bool(j, "hbm_pass", origin, path, false);
+  a.hbm_pass_share = get_double(j, "hbm_pass_share", origin, path, 1);
+  if (!(a.hbm_pass_share > 0 && a.hbm_pass_share <= 1)) fail(origin, join(path, "hbm_pass_share"), "must be in (0, 1]");
   for (double v : {a.gpu_read_bytes, a.gpu_write_bytes, a.cpu_read_bytes, a.cpu_write_bytes,
                    a.times_per_step, a.routing_tokens}) {
     if (!(v >= 0) || !std::isfinite(v)) fail(origin, path, "byte counts, times_per_step and routing_tokens must be finite and >= 0");

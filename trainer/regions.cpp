@@ -28,11 +28,20 @@ struct Group {
   double backward_left = 0; // share of backward still to run once its gradient is complete
 };
 
-Access make_access(const char* what, double times, double window, GpuPath path) {
+// The share of HBM bandwidth the update of state of type `st` in HBM reaches.
+double hbm_update_share(optimizer::StateType st) {
+  const config::Key k = st == optimizer::StateType::q8 ? config::Key::GHT_ASSUMED_Q8_UPDATE
+                                                       : config::Key::GHT_ASSUMED_HBM_UPDATE;
+  return config::cfg().get_float(k);
+}
+
+Access make_access(const char* what, double times, double window, GpuPath path,
+                   optimizer::StateType st = optimizer::StateType::fp32) {
   Access a;
   a.what = what;
   // The update is a pass over its bytes of its own; the other accesses are the compute's.
   a.hbm_pass = std::string_view(what) == "optimizer";
+  if (a.hbm_pass) a.hbm_pass_share = hbm_update_share(st);
   a.times_per_step = times;
   a.window_fraction = window;
   a.gpu_path = path;
@@ -66,7 +75,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   Access fwd_bwd = make_access("compute", ga, 1.0, GpuPath::copy);
   fwd_bwd.gpu_read_bytes = g.weight_reads;
   fwd_bwd.routing_tokens = routed;
-  Access w_opt = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  Access w_opt = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   w_opt.gpu_write_bytes = 2 * P_rank;  // the other ranks' parts arrive by all-gather (GPU to GPU)
   w.access = {fwd_bwd, w_opt};
   // The GPU computes on every bf16 weight in place each micro-batch; the trainer has no path
@@ -82,7 +91,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   acc_hbm.gpu_read_bytes = static_cast<double>(gb) * P;
   acc_hbm.gpu_write_bytes = static_cast<double>(gb) * P;
   acc_hbm.routing_tokens = routed;
-  Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P_rank;
   gr.access = {acc_hbm, opt_hbm};
   // With several ranks the gradients are reduced in HBM (NCCL): the trainer has no reduction of
@@ -117,7 +126,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   last_accumulate.overlappable = tail_window > 0;
   host.push_back(last_stream);
   host.push_back(last_accumulate);
-  Access opt_host = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+  Access opt_host = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   opt_host.gpu_read_bytes = 4 * P;
   host.push_back(opt_host);
   gr.host_access = std::move(host);
@@ -132,7 +141,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
       {"adam_v", ght::TensorClass::adam_v, moment}};
   for (const auto& [suffix, cls, bytes] : states) {
     Region s = base(suffix, cls, bytes);
-    Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+    Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
     // This rank's share of the group's traffic (P / ranks; the bytes are of the ceil(P / ranks)
     // it holds): 1 with one rank.
     const double share = P_rank / static_cast<double>(p_rank);
