@@ -81,8 +81,9 @@ struct Access {
   /// tokens; its bytes are scaled by 1 - (1 - routing_frequency)^routing_tokens.
   double routing_tokens = 0;
   /// A memory-bound pass of its own (the optimizer update): on HBM its GPU bytes cost time at
-  /// hbm_pass_share of the link profile's hbm_bps, on the critical path (it shares the SMs and HBM with the compute).
-  /// Other accesses of an HBM region are part of the compute that the FLOPs time.
+  /// hbm_pass_share of the link profile's hbm_bps, on the critical path (it shares the SMs and
+  /// HBM with the compute). Other accesses of an HBM region are part of the compute that the
+  /// FLOPs time.
   bool hbm_pass = false;
   /// The share of hbm_bps at which the pass moves its bytes (its kernel's measured efficiency:
   /// GHT_ASSUMED_HBM_UPDATE, GHT_ASSUMED_Q8_UPDATE), in (0, 1].

@@ -36,6 +36,15 @@ bash bench/make_bench_data.sh "$GHT" || exit 1
 # fresh machine would plan with the builtin profile of its link kind (the H200's, on an H100).
 timeout 300 "$GHT" info --probe >"$OUT_DIR/probe.txt" 2>&1 ||
   echo "plan_noknobs: ght info --probe failed ($OUT_DIR/probe.txt): the plans use the builtin profile"
+# train_run RUN STEPS LOG [GHT_X=v ...]: `ght train` of the current case (args, limit, trace) with
+# those options set and every step profiled, its output shown and kept in LOG; ght's exit code.
+train_run() {
+  local run=$1 steps=$2 log=$3
+  shift 3
+  env GHT_SAVE_CHECKPOINTS=off "$@" timeout "$limit" "$GHT" train --config configs/bench-h200.toml "${args[@]}" \
+    --out "$run" --overwrite --steps "$steps" --profile-steps "$steps" "${trace[@]}" 2>&1 | tee "$log"
+  return "${PIPESTATUS[0]}"
+}
 fail=0
 for c in "${cases[@]}"; do
   case $c in
@@ -52,9 +61,8 @@ for c in "${cases[@]}"; do
   trace=()
   [ "${TRACE:-0}" = 1 ] && trace=(--trace-kernels)
   echo "=== $c $(date -u +%T): ght train --config configs/bench-h200.toml ${args[*]} --steps $steps --profile-steps $steps"
-  GHT_SAVE_CHECKPOINTS=off timeout "$limit" "$GHT" train --config configs/bench-h200.toml "${args[@]}" \
-    --out "$run" --overwrite --steps "$steps" --profile-steps "$steps" "${trace[@]}" 2>&1 | tee "$OUT_DIR/$c.log"
-  rc=${PIPESTATUS[0]}
+  train_run "$run" "$steps" "$OUT_DIR/$c.log"
+  rc=$?
   [ "$rc" -eq 0 ] || { echo "FAIL: $c exited $rc"; fail=1; }
   cp "$run/profile.json" "$OUT_DIR/$c.profile.json" 2>/dev/null
   for f in kernel_breakdown.md kernel_breakdown.json measurements.json; do
@@ -68,9 +76,8 @@ for c in "${cases[@]}"; do
     envs=()
     IFS=, read -ra envs <<<"$setting"
     echo "=== $c hand $i $(date -u +%T): $setting"
-    env GHT_SAVE_CHECKPOINTS=off "${envs[@]}" timeout "$limit" "$GHT" train --config configs/bench-h200.toml \
-      "${args[@]}" --out "$run-hand$i" --overwrite --steps "${HAND_STEPS:-3}" --profile-steps "${HAND_STEPS:-3}" \
-      >"$OUT_DIR/$c.hand$i.log" 2>&1
+    trace=()
+    train_run "$run-hand$i" "${HAND_STEPS:-3}" "$OUT_DIR/$c.hand$i.log" "${envs[@]}" >/dev/null
     rc=$?
     grep -E "^(plan|predicted against|memory after|step [0-9]+/)" "$OUT_DIR/$c.hand$i.log" | tail -4
     cp "$run-hand$i/profile.json" "$OUT_DIR/$c.hand$i.profile.json" 2>/dev/null
