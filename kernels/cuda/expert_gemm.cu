@@ -452,13 +452,7 @@ cg::Problem cutlass_problem(const Args& g, const GroupOffsets& o, cudaStream_t s
   p.alpha = g.alpha;
   p.beta = g.beta;
   GHT_CUDA_TRY(cudaGetDevice(&p.device));
-  thread_local int sm_device = -1, sm_count = 0;
-  if (sm_device != p.device) {
-    GHT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device));
-    sm_device = p.device;
-  }
-  const int budget = stream_sm_budget(stream);  // gemm.hpp: fewer SMs, so others may run beside
-  p.sm_count = budget > 0 ? std::min(budget, sm_count) : sm_count;
+  p.sm_count = stream_sm_count(stream, p.device);  // gemm.hpp: fewer SMs, so others may run beside
   return p;
 }
 

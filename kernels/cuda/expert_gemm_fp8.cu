@@ -2,11 +2,11 @@
 // call into the CUTLASS instantiation (kernels/cuda/cutlass/grouped_fp8_blockwise.cu).
 #include "kernels/cuda/expert_gemm_fp8.hpp"
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 
 #include "kernels/cuda/cutlass/grouped_fp8.hpp"
+#include "kernels/cuda/detail/common.cuh"
 #include "kernels/cuda/gemm.hpp"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
@@ -15,10 +15,6 @@ namespace ght::kernels::cuda {
 namespace {
 
 constexpr std::int64_t kScaleTile = 128;
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // The reason FP8 GEMMs cannot run on `device` (empty when they can). Cached per device: the
 // answer never changes within a process.
@@ -79,14 +75,15 @@ void grouped_gemm_fp8(const Fp8GroupedGemmVarM& args, const GroupOffsets& offset
   if (g.ldb == 0) g.ldb = g.k;
   if (g.stride_b == 0) g.stride_b = g.n * g.ldb;
   if (g.ldc == 0) g.ldc = g.n;
-  const std::int64_t k_tiles = ceil_div(g.k, kScaleTile), scales_per_group = ceil_div(g.n, kScaleTile) * k_tiles;
+  const std::int64_t k_tiles = detail::ceil_div(g.k, kScaleTile);
+  const std::int64_t scales_per_group = detail::ceil_div(g.n, kScaleTile) * k_tiles;
   if (g.stride_b_scales == 0) g.stride_b_scales = scales_per_group;
 
   GHT_EXPECTS(offsets.groups >= 0 && offsets.device != nullptr, "grouped_gemm_fp8: needs the device offsets");
   GHT_EXPECTS(g.n > 0 && g.k > 0 && g.n < (std::int64_t{1} << 31) && g.k < (std::int64_t{1} << 31),
               "grouped_gemm_fp8: n and k must be in [1, 2^31)");
   GHT_EXPECTS(g.a && g.b && g.c && g.a_scales && g.b_scales, "grouped_gemm_fp8: null operand or scale pointer");
-  GHT_EXPECTS(aligned16(g.a) && aligned16(g.b) && aligned16(g.c),
+  GHT_EXPECTS(detail::aligned16(g.a, g.b, g.c),
               "grouped_gemm_fp8: A, B and C must be 16-byte aligned (TMA)");
   GHT_EXPECTS(g.k % 16 == 0 && g.lda % 16 == 0 && g.ldb % 16 == 0 && g.stride_b % 16 == 0,
               "grouped_gemm_fp8: k, lda, ldb and stride_b must be multiples of 16 (16-byte e4m3 rows); got k = " +
@@ -118,10 +115,7 @@ void grouped_gemm_fp8(const Fp8GroupedGemmVarM& args, const GroupOffsets& offset
   p.alpha = g.alpha;
   p.beta = g.beta;
   GHT_CUDA_TRY(cudaGetDevice(&p.device));
-  int sm_count = 0;
-  GHT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, p.device));
-  const int budget = stream_sm_budget(stream);  // gemm.hpp: fewer SMs, so others may run beside
-  p.sm_count = budget > 0 ? std::min(budget, sm_count) : sm_count;
+  p.sm_count = stream_sm_count(stream, p.device);  // gemm.hpp: fewer SMs, so others may run beside
 #if defined(GHT_HAVE_CUTLASS)
   cutlass_grouped::var_m_bt_fp8_blockwise(p, stream);
 #else

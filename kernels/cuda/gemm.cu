@@ -381,6 +381,16 @@ int stream_sm_budget(cudaStream_t stream) {
   return it == s.sm_budget.end() ? 0 : it->second;
 }
 
+int stream_sm_count(cudaStream_t stream, int device) {
+  thread_local int sm_device = -1, sm_count = 0;
+  if (sm_device != device) {
+    GHT_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    sm_device = device;
+  }
+  const int budget = stream_sm_budget(stream);
+  return budget > 0 ? std::min(budget, sm_count) : sm_count;
+}
+
 int gemm_heuristic_count(const GemmArgs& args, int max) {
   GHT_EXPECTS(max >= 1, "gemm_heuristic_count: max must be at least 1, got " + std::to_string(max));
   GemmArgs g = args;

@@ -82,6 +82,10 @@ void set_stream_sm_budget(cudaStream_t stream, int sms);
 /// The budget set_stream_sm_budget() gave `stream` on the current device (0: every SM).
 [[nodiscard]] int stream_sm_budget(cudaStream_t stream);
 
+/// The SMs a persistent GEMM launched on `stream` plans for on `device` (the current device): its
+/// SM count (queried once per thread and device), capped by stream_sm_budget().
+[[nodiscard]] int stream_sm_count(cudaStream_t stream, int device);
+
 /// How many algorithms cuBLASLt's heuristic offers for `args`, at most `max` (>= 1; 32 at most). An empty
 /// problem or k == 0, which gemm() runs without cuBLASLt, counts as 1. For benchmarks.
 [[nodiscard]] int gemm_heuristic_count(const GemmArgs& args, int max);
