@@ -43,7 +43,7 @@ std::optional<E> parse_in(const std::array<std::string_view, N>& names, std::str
 }
 
 // Placements that switch on a fixed cost, counted over a whole placement (plus the delayed update's
-// buffers, held whatever the placement): any streamed gradient
+// buffers and FP8's copies, held whatever the placement): any streamed gradient
 // needs the pinned stream staging (host), any master/m/v on the host the optimizer's dma slots
 // (HBM), any recomputed layer the shared recompute scratch (HBM). Without a GPU none applies.
 struct FixedCosts {
@@ -57,7 +57,7 @@ struct FixedCosts {
   [[nodiscard]] std::uint64_t hbm(const PlanOptions& o) const {
     if (o.link.kind == LinkKind::none) return 0;
     return (state_on_host > 0 ? o.host_state_hbm_bytes : 0) + (recomputed > 0 ? o.recompute_scratch_bytes : 0) +
-           o.delayed_update_hbm_bytes;
+           o.delayed_update_hbm_bytes + o.fp8_hbm_bytes;
   }
   [[nodiscard]] std::uint64_t host(const PlanOptions& o) const {
     // The gradient stream stages through pinned host slots only (optimizer/accumulate.hpp); the
@@ -299,7 +299,8 @@ bool Plan::operator==(const Plan& o) const {
          p.stream_staging_bytes == q.stream_staging_bytes &&
          p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
          p.recompute_scratch_bytes == q.recompute_scratch_bytes &&
-         p.delayed_update_hbm_bytes == q.delayed_update_hbm_bytes && regions_ == o.regions_ &&
+         p.delayed_update_hbm_bytes == q.delayed_update_hbm_bytes && p.fp8_hbm_bytes == q.fp8_hbm_bytes &&
+         p.fp8_saved_seconds == q.fp8_saved_seconds && regions_ == o.regions_ &&
          decisions_ == o.decisions_ && prediction_ == o.prediction_ && notes_ == o.notes_;
 }
 
@@ -334,7 +335,10 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
   p.host_seconds = t.host_seconds;
   p.compute_seconds = t.compute_seconds;
   p.head_seconds = options.head_seconds();
-  p.forward_seconds = (t.compute_seconds - p.head_seconds) / (1 + options.backward_ratio);
+  // The backward_ratio split is the bf16 layers'; FP8's saving comes off the forward alone.
+  p.forward_seconds =
+      (t.compute_seconds - p.head_seconds + options.fp8_saved_seconds) / (1 + options.backward_ratio) -
+      options.fp8_saved_seconds;
   p.recompute_seconds = t.recompute_seconds;
   p.window_seconds = t.window_seconds;
   // The update of state in HBM runs on the critical path (measured: 88 ms of GPU time, 95 ms
@@ -372,7 +376,7 @@ std::vector<bool> assign_update_split(const std::vector<std::uint64_t>& params, 
 Prediction predict(const std::vector<Region>& regions, const std::vector<Decision>& decisions,
                    const PlanOptions& options) {
   GHT_EXPECTS(regions.size() == decisions.size(), "predict: regions and decisions differ in count");
-  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions, options.head_seconds());
+  const CostModel cm(options.link, options.timed_step_flops(), options.assumed_tflops, regions, options.head_seconds());
   std::vector<Placement> choice(regions.size());
   for (std::size_t i = 0; i < regions.size(); ++i) choice[i] = {decisions[i].tier, decisions[i].mode};
   return predict_with(cm, regions, choice, options);
@@ -824,7 +828,7 @@ Plan make_plan(std::vector<Region> regions, const PlanOptions& requested, const 
   const std::vector<PlaceRule> rules = parse_place_rules(options.place);
   const std::vector<int> match =
       rules.empty() ? std::vector<int>(regions.size(), -1) : match_place_rules(rules, regions);
-  const CostModel cm(options.link, options.step_flops, options.assumed_tflops, regions, options.head_seconds());
+  const CostModel cm(options.link, options.timed_step_flops(), options.assumed_tflops, regions, options.head_seconds());
   const PlanInputs in{regions, options, rules, match, cm, options.link.kind == LinkKind::none,
                       options.policy == Policy::static_rules};
 

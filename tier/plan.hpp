@@ -157,6 +157,16 @@ struct PlanOptions {
   /// HBM the trainer holds whatever the placement, on a GPU machine: the second bf16 weight and
   /// gradient buffers of the one-step-delayed update (GHT_OPT_DELAY=1; the trainer sets it).
   std::uint64_t delayed_update_hbm_bytes = 0;
+  /// HBM the trainer holds whatever the placement for FP8 GEMMs (GHT_FP8): the weights' FP8
+  /// copies and the activations' codes, with their scales (the trainer sets it; 0 = none).
+  std::uint64_t fp8_hbm_bytes = 0;
+  /// Forward seconds per step that FP8 GEMMs save, net of quantising their weights (the trainer
+  /// sets it from GHT_ASSUMED_FP8_GEMM; 0 = bf16 only). The layers' compute is step_flops at
+  /// assumed_tflops less this, all of it taken from the forward phase.
+  double fp8_saved_seconds = 0;
+  /// step_flops less the FLOPs at assumed_tflops that fp8_saved_seconds stands for: what the
+  /// compute phases are timed by. The strict FLOP count (MFU) stays step_flops.
+  [[nodiscard]] double timed_step_flops() const { return step_flops - fp8_saved_seconds * assumed_tflops * 1e12; }
 };
 
 /// Options from the registry (GHT_POLICY, GHT_PLACE, budgets, GHT_ASSUMED_*,

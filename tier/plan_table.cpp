@@ -149,9 +149,9 @@ std::string Plan::format_table(bool explain) const {
         os << "\n";
       }
       if (row.gain_hi > 0) {
-        os << "         in HBM it saves " << num(row.gain_lo, 3)
-           << (row.gain_hi > row.gain_lo ? "-" + num(row.gain_hi, 3) : std::string())
-           << " ms of link, host-memory or recompute work per step per GiB\n";
+        os << "         in HBM it saves " << num(row.gain_lo, 3);
+        if (row.gain_hi > row.gain_lo) os << "-" << num(row.gain_hi, 3);
+        os << " ms of link, host-memory or recompute work per step per GiB\n";
       }
     }
   }
@@ -177,8 +177,12 @@ std::string Plan::format_table(bool explain) const {
      << num(o.head_tflops, 0) << " TFLOP/s, GHT_ASSUMED_HEAD_TFLOPS): forward " << secs(p.forward_seconds)
      << ", backward " << secs(p.compute_seconds - p.forward_seconds) << " (the layers "
      << num(o.backward_ratio, 2) << "x the forward, GHT_ASSUMED_BWD_RATIO, + LM head " << secs(p.head_seconds)
-     << ")\n"
-     << "  link H2D      " << gb(p.h2d_bytes) << "  " << secs(p.h2d_seconds) << "\n"
+     << ")\n";
+  if (o.fp8_saved_seconds != 0) {
+    os << "  FP8 GEMMs     forward " << secs(o.fp8_saved_seconds) << " less (GHT_FP8, at GHT_ASSUMED_FP8_GEMM); "
+       << gib(o.fp8_hbm_bytes) << " of FP8 copies in HBM\n";
+  }
+  os << "  link H2D      " << gb(p.h2d_bytes) << "  " << secs(p.h2d_seconds) << "\n"
      << "  link D2H      " << gb(p.d2h_bytes) << "  " << secs(p.d2h_seconds) << "\n"
      << "  link both     " << secs(p.link_seconds) << " sharing the link (optimizer alone "
      << secs(p.optimizer_link_seconds) << ")\n"

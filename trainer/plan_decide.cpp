@@ -96,6 +96,13 @@ std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, c
   if (gpu && scope.ranks == 1 && scope.allow_delay) {
     dims.push_back(tier::make_dimension(reg, "GHT_OPT_DELAY", "delay", {{"off", true}, {"on", false}}, honour_pins));
   }
+  // FP8 is searched where the user set GHT_FP8 or the ledger prices it: without a verdict no
+  // tolerance admits it, and listing it among the plans that fit would offer what may not run here
+  // (it needs CUTLASS and an sm_90 GPU).
+  const bool fp8_set = reg.source(config::Key::GHT_FP8) > config::Source::Plan;
+  if (gpu && (fp8_set || tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr)) {
+    dims.push_back(tier::make_dimension(reg, "GHT_FP8", "FP8", {{"off", true}, {"experts", false}}, honour_pins));
+  }
   return dims;
 }
 

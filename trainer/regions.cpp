@@ -8,6 +8,7 @@
 #include "optimizer/adamw.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
+#include "trainer/fp8_experts.hpp"
 
 namespace ght::trainer {
 
@@ -305,6 +306,7 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) 
   }
   options.recompute_scratch_bytes = activation_sizes(c).recompute_scratch;
   options.delayed_update_hbm_bytes = delayed_update_hbm_bytes(c);
+  add_fp8_reservation(options, c);
   options.host_state_hbm_bytes = 0;
   if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return;
   // One optimizer region per parameter tensor (the CUDA trainer's): the largest sizes the slots.
@@ -402,7 +404,20 @@ bool speculating_updates() {
     const config::SizeValue v = reg.get_size(k);
     return v.bytes > 0 || v.fraction.value_or(0) > 0;
   };
-  return set(config::Key::GHT_OPT_SPECULATE) || set(config::Key::GHT_OPT_SPECULATE_HOST);
+  return speculation_auto() || set(config::Key::GHT_OPT_SPECULATE) || set(config::Key::GHT_OPT_SPECULATE_HOST);
+}
+
+bool speculation_auto() { return config::cfg().text(config::Key::GHT_OPT_SPECULATE).empty(); }
+
+std::uint64_t auto_speculation_bytes(const ModelConfig& c, const tier::PlanOptions& o) {
+  const double link = std::min(o.link.h2d_bps, o.link.d2h_bps);
+  if (o.link.kind == ght::LinkKind::none || link <= 0 || o.assumed_tflops <= 0) return 0;
+  const double rho = o.backward_ratio;
+  const double layers = o.timed_step_flops() / (o.assumed_tflops * 1e12) * rho / (1 + rho);
+  const double last_backward = (layers + o.head_seconds()) / c.grad_accum;
+  const double state = optimizer::state_bytes_per_param(optimizer::state_type_from_config());
+  const double params = std::min(last_backward * link / state, static_cast<double>(c.total_params()));
+  return static_cast<std::uint64_t>(params * (state + sizeof(std::uint16_t)));
 }
 
 double update_window_fraction(int grad_accum) {

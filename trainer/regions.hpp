@@ -141,9 +141,22 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
 /// The backward's share of a micro-batch's layer compute, rho / (1 + rho) with rho the plan's
 /// backward-over-forward ratio (GHT_ASSUMED_BWD_RATIO).
 [[nodiscard]] double backward_share();
-/// Whether either speculation arena is asked for (GHT_OPT_SPECULATE or GHT_OPT_SPECULATE_HOST
-/// non-zero): the exact update may then start during the last backward.
+/// Whether either speculation arena is asked for (GHT_OPT_SPECULATE non-zero or empty, which is
+/// auto, or GHT_OPT_SPECULATE_HOST non-zero): the exact update may then start during the last
+/// backward.
 [[nodiscard]] bool speculating_updates();
+/// GHT_OPT_SPECULATE left empty: ght train sizes the HBM undo arena (auto_speculation_bytes).
+[[nodiscard]] bool speculation_auto();
+/**
+ * @brief The HBM undo arena that GHT_OPT_SPECULATE's auto gives a run: the parameters whose
+ * gpu_link update the last micro-batch's backward can hide, each at its undo bytes (master, m, v
+ * and the bf16 weight: optimizer::state_bytes_per_param + 2). That backward lasts its share
+ * (backward_ratio) of one micro-batch's layer compute at the assumed rate, plus the LM head's; the
+ * link updates min(h2d, d2h) / state_bytes_per_param parameters a second (each parameter's state
+ * crosses it both ways). A larger arena hides nothing more: it only starts launches earlier.
+ * At most every parameter; 0 without a GPU link. The optimizer caps it at the HBM left free.
+ */
+[[nodiscard]] std::uint64_t auto_speculation_bytes(const ModelConfig& cfg, const tier::PlanOptions& options);
 /// The share of the step that the update can hide behind (tier::Access::window_fraction):
 /// delayed, the next step's stale micro-batches (delay_stale_micro_batches / grad_accum); exact,
 /// the next step's first forward (each unit's forward waits for that unit's update), plus the

@@ -29,6 +29,7 @@
 
 #include "common/gpu.hpp"
 #include "common/registry.hpp"
+#include "common/vector_compare.hpp"
 #include "optimizer/bf16.hpp"
 #include "tier/config.hpp"
 #include "tier/error.hpp"
@@ -91,24 +92,8 @@ std::vector<float> rounded_init(const ModelConfig& c, std::uint64_t seed) {
   return {p.begin(), p.end()};
 }
 
-struct Cmp {
-  double rel_l2 = 0, cosine = 0;
-};
-
-Cmp compare(std::span<const float> got, std::span<const float> ref) {
-  double dd = 0, rr = 0, gg = 0, gr = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    const double g = got[i], r = ref[i];
-    dd += (g - r) * (g - r);
-    rr += r * r;
-    gg += g * g;
-    gr += g * r;
-  }
-  Cmp c;
-  c.rel_l2 = std::sqrt(dd) / std::max(std::sqrt(rr), 1e-30);
-  c.cosine = gr / std::max(std::sqrt(gg * rr), 1e-30);
-  return c;
-}
+using Cmp = ght::test::VectorError;
+constexpr auto compare = ght::test::compare_vectors;
 
 const std::vector<std::string>& checked_tensors() {
   static const std::vector<std::string> names = {

@@ -23,6 +23,7 @@
 #include "tier/detail/topology_detail.hpp"
 #include "tier/link.hpp"
 #include "tier/topology.hpp"
+#include "trainer/fp8_experts.hpp"
 
 namespace ght::trainer {
 namespace {
@@ -263,6 +264,46 @@ TEST_F(PlanDecide, TheGh200TopologyFixtureGivesTheCapacitiesAndThePlanKeepsFp32S
   EXPECT_EQ(config::cfg().get_string(config::Key::GHT_OPT_STATE), "fp32");  // q8 would gain under 1%
   EXPECT_LE(p.prediction().host_bytes, o.budgets.host);
   EXPECT_LE(p.prediction().hbm_bytes, o.budgets.hbm);
+}
+
+// FP8 experts (GHT_FP8): searched only where the user set it or the ledger prices it; when set,
+// the plan counts its HBM copies and takes its saving off the forward.
+TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsForward) {
+  ModelConfig c = preset("bench-h200");
+  c.grad_accum = 16;
+  {
+    const tier::PlanOptions o = machine(kH200, c, {});
+    for (const tier::Dimension& dim : plan_dimensions(o, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
+  }
+  const tier::PlanOptions off_o = machine(kH200, c, {"GHT_OPT_STATE=fp32", "GHT_GRAD_ACCUM=fp32"});
+  const tier::Prediction off = decide_plan(c, off_o, PlanScope{}).model.plan.prediction();
+  const tier::PlanOptions on_o = machine(kH200, c, {"GHT_OPT_STATE=fp32", "GHT_GRAD_ACCUM=fp32", "GHT_FP8=experts"});
+  const DecidedPlan on = decide_plan(c, on_o, PlanScope{});
+  SCOPED_TRACE(on.table(c));
+  const tier::Plan& p = on.model.plan;
+  EXPECT_EQ(p.options().fp8_hbm_bytes, fp8_expert_sizes(c).total());
+  const double saved = p.options().fp8_saved_seconds;
+  EXPECT_GT(saved, 0.0);
+  EXPECT_NEAR(p.prediction().compute_seconds, off.compute_seconds - saved, 1e-9);
+  EXPECT_NEAR(p.prediction().forward_seconds, off.forward_seconds - saved, 1e-9);
+  // The user's FP8 is taken without a verdict and said so.
+  ASSERT_EQ(on.search.best().inexact.size(), 1u);
+  EXPECT_EQ(on.search.best().inexact[0].option, "GHT_FP8");
+  EXPECT_FALSE(on.search.best().inexact[0].verdict.has_value());
+  EXPECT_NE(p.format_table(false).find("FP8 GEMMs"), std::string::npos);
+  // A ledger verdict inside the noise puts it on the menu, and a faster plan takes it.
+  const fs::path ledger = ledger_.string() + ".fp8";
+  std::string text = kLedger;
+  text.insert(text.rfind(']'), R"(, {"option": "GHT_FP8", "value": "experts", "model": "ledger-1b", "params": 1.03e9,
+  "steps": 1000, "lr": 5e-4, "exact_seeds": 3, "eval_loss_delta": 0.001, "noise_band": 0.008, "within_noise": true,
+  "measured": "2026-12-07", "source": "test"})");
+  std::ofstream(ledger) << text;
+  const tier::PlanOptions priced = machine(kH200, c, {});
+  config::cfg().set_flag("GHT_PLAN_LEDGER", ledger.string());
+  const DecidedPlan d = decide_plan(c, priced, PlanScope{});
+  fs::remove(ledger);
+  EXPECT_EQ(config::cfg().get_string(config::Key::GHT_FP8), "experts") << d.table(c);
+  EXPECT_EQ(config::cfg().source(config::Key::GHT_FP8), config::Source::Plan);
 }
 
 }  // namespace

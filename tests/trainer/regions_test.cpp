@@ -187,23 +187,30 @@ TEST(ModelRegions, Bf16GradientAccumulationHalvesTheGradientBytes) {
 }
 
 // The update's window: exact, the next step's first forward (1 / (1 + rho) of a micro-batch);
-// with a speculation arena, the last backward too; delayed, the stale micro-batches.
+// with a speculation arena (auto by default), the last backward too; delayed, the stale
+// micro-batches.
 TEST(ModelRegions, UpdateWindowFollowsTheSchedule) {
   EXPECT_DOUBLE_EQ(backward_share(), 2.4 / 3.4);  // GHT_ASSUMED_BWD_RATIO's default
-  EXPECT_FALSE(speculating_updates());
-  EXPECT_DOUBLE_EQ(update_window_fraction(16), (1.0 / 3.4) / 16);
+  EXPECT_TRUE(speculation_auto());  // GHT_OPT_SPECULATE's default: ght train sizes the arena
+  EXPECT_TRUE(speculating_updates());
+  EXPECT_DOUBLE_EQ(update_window_fraction(16), 1.0 / 16);
   {
-    const ght::test::ScopedFlag ratio("GHT_ASSUMED_BWD_RATIO", "3");
-    EXPECT_DOUBLE_EQ(update_window_fraction(16), 0.25 / 16);
+    const ght::test::ScopedFlag off("GHT_OPT_SPECULATE", "0");
+    EXPECT_FALSE(speculation_auto());
+    EXPECT_FALSE(speculating_updates());
+    EXPECT_DOUBLE_EQ(update_window_fraction(16), (1.0 / 3.4) / 16);
+    {
+      const ght::test::ScopedFlag ratio("GHT_ASSUMED_BWD_RATIO", "3");
+      EXPECT_DOUBLE_EQ(update_window_fraction(16), 0.25 / 16);
+    }
+    const ght::test::ScopedFlag host("GHT_OPT_SPECULATE_HOST", "10%");
+    EXPECT_TRUE(speculating_updates());
   }
   {
     const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE", "8G");
+    EXPECT_FALSE(speculation_auto());
     EXPECT_TRUE(speculating_updates());
     EXPECT_DOUBLE_EQ(update_window_fraction(16), 1.0 / 16);
-  }
-  {
-    const ght::test::ScopedFlag arena("GHT_OPT_SPECULATE_HOST", "10%");
-    EXPECT_TRUE(speculating_updates());
   }
   const ght::test::ScopedFlag delay("GHT_OPT_DELAY", "1");
   const ght::test::ScopedFlag micro("GHT_OPT_DELAY_MICRO", "4");
@@ -218,6 +225,36 @@ TEST(ModelRegions, UpdateWindowFollowsTheSchedule) {
       }
     }
   }
+}
+
+// GHT_OPT_SPECULATE's auto: the parameters the last micro-batch's backward hides over the link, at
+// their undo bytes; every parameter at most; nothing without a link.
+TEST(ModelRegions, AutoSpeculationArenaHoldsWhatTheLastBackwardHides) {
+  ModelConfig c = preset("bench-h200");
+  c.grad_accum = 64;
+  tier::PlanOptions o;
+  o.link = tier::builtin_profile("pcie5");
+  o.link.h2d_bps = 50e9;
+  o.link.d2h_bps = 48e9;
+  o.step_flops = 2e15;
+  o.assumed_tflops = 500;
+  o.backward_ratio = 2.4;
+  o.head_flops = 72e12;
+  o.head_tflops = 720;
+  // (2e15 / 500e12 x 2.4 / 3.4 + 0.1 s) / 64 of backward, 48 GB/s / 12 B per parameter (fp32 m/v).
+  const double backward = (4.0 * 2.4 / 3.4 + 0.1) / 64;
+  const double params = backward * 48e9 / 12;
+  EXPECT_NEAR(static_cast<double>(auto_speculation_bytes(c, o)), params * 14, 64.0);
+  {
+    const ght::test::ScopedFlag q8("GHT_OPT_STATE", "q8");
+    const double s = optimizer::state_bytes_per_param(optimizer::StateType::q8);
+    EXPECT_NEAR(static_cast<double>(auto_speculation_bytes(c, o)), backward * 48e9 / s * (s + 2), 64.0);
+  }
+  c.grad_accum = 1;  // one long backward hides every parameter
+  o.step_flops = 2e18;
+  EXPECT_EQ(auto_speculation_bytes(c, o), static_cast<std::uint64_t>(static_cast<double>(c.total_params()) * 14));
+  o.link = tier::builtin_profile("none");
+  EXPECT_EQ(auto_speculation_bytes(c, o), 0u);
 }
 
 // ---- scenarios --------------------------------------------------------------------------------

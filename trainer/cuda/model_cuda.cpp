@@ -160,6 +160,7 @@ std::pair<__nv_bfloat16*, void*> CudaMoEModel::swap_buffers(__nv_bfloat16* weigh
   const std::pair<__nv_bfloat16*, void*> old{impl_->W, impl_->G};
   impl_->W = weights;
   impl_->G = grads;
+  impl_->fp8_stale = true;
   return old;
 }
 optimizer::GradType CudaMoEModel::grad_type() const { return impl_->opts.grad_type; }
@@ -224,6 +225,7 @@ void CudaMoEModel::load_weights(std::size_t offset, std::span<const float> host)
                                    I.stream));
     }
     GHT_CUDA_TRY(cudaStreamSynchronize(I.stream));
+    I.fp8_stale = true;
   });
 }
 
@@ -279,6 +281,8 @@ void CudaMoEModel::zero_grad() {
   });
 }
 
+void CudaMoEModel::weights_changed() { impl_->fp8_stale = true; }
+
 Loss CudaMoEModel::forward(const std::int32_t* tokens, const std::int32_t* targets, int B, int T) {
   forward_async(tokens, targets, B, T, kCudaLossSlots - 1);
   return collect_loss(kCudaLossSlots - 1);
@@ -319,6 +323,7 @@ void CudaMoEModel::logits(float* out, const std::int32_t* tokens, int B, int T, 
     I.has_forward = false;
     I.upload_inputs(tokens, nullptr, B, T);
     I.trunk(I.scratch_losses);
+    I.fp8_stale = false;
     const std::int64_t rows = last_only ? B : static_cast<std::int64_t>(B) * T;
     const std::int64_t cap = std::max<std::int64_t>(1, (std::int64_t{256} << 20) / (4 * I.V));
     const std::int64_t chunk = std::min(rows, cap);

@@ -103,6 +103,12 @@ struct CudaModelOptions {
   /// error; true warns once, turns graphs off for the model's lifetime (cuda_graphs_off()) and
   /// runs that micro-batch eagerly (nothing of the failed capture ran). GHT_CUDA_GRAPHS=auto.
   bool cuda_graphs_fall_back = false;
+  /// The experts' forward GEMMs in block-scaled FP8 (GHT_FP8=experts, trainer/fp8_experts.hpp):
+  /// the weights are quantised at the first forward after weights_changed() (or a load, init or
+  /// swap_buffers), the activations before each GEMM; the backward stays bf16. Needs
+  /// kernels::cuda::fp8_gemm_available(): the constructor throws ght::config_error with the
+  /// reason otherwise.
+  bool fp8_experts = false;
 };
 
 /// Device bytes the model holds, by class.
@@ -191,6 +197,10 @@ class CudaMoEModel {
 
   /// Zero the gradients (asynchronous on stream()).
   void zero_grad();
+  /// The weights in weights() changed other than through this class (an optimizer update, a
+  /// gather): with CudaModelOptions::fp8_experts the next forward quantises them again. Cheap; a
+  /// no-op otherwise.
+  void weights_changed();
 
   /**
    * @brief Forward pass; keeps the activations backward() needs. Waits for the result.

@@ -2,6 +2,7 @@
 // memory by class, op tracking, the activation buffers sized to the tokens of a micro-batch,
 // and the inputs' upload.
 #include "trainer/cuda/model_cuda_impl.hpp"
+#include "trainer/fp8_experts.hpp"
 
 namespace ght::trainer {
 
@@ -147,6 +148,7 @@ void CudaMoEModel::Impl::setup(ModelConfig c, CudaModelOptions o) {
   sm_copies = opts.input_copy != IC::engine && slot_host_dev != nullptr;
   scratch_losses = as<kc::RouterLossesDevice>(
       alloc(sizeof(kc::RouterLossesDevice) * static_cast<std::size_t>(L), kWork, "router losses"));
+  if (opts.fp8_experts) fp8_setup();
   if (opts.cuda_graphs) {
     graph_slot = as<char>(alloc(slot_bytes, kWork, "CUDA graph loss slot"));
     GHT_CUDA_TRY(cudaEventCreateWithFlags(&graph_fwd_placeholder, cudaEventDisableTiming));
@@ -209,6 +211,11 @@ void CudaMoEModel::Impl::ensure_capacity(std::int64_t N) {
   dgu = b16(nk * 2 * static_cast<std::size_t>(F), "d gate_up");
   dact = b16(nk * static_cast<std::size_t>(F), "d act");
   dtopk_w = f32(nk, "d topk weights");
+  if (opts.fp8_experts) {
+    const Fp8ExpertSizes s = fp8_expert_sizes(cfg, N);
+    fp8_act = as<__nv_fp8_e4m3>(alloc(s.act_codes, kActs, "FP8 expert input codes"));
+    fp8_act_scales = f32(s.act_scales / sizeof(float), "FP8 expert input scales");
+  }
   tokens = i32(nn, "tokens");
   targets = i32(nn, "targets");
   pos = i32(nn, "positions");

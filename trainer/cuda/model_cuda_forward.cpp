@@ -126,12 +126,23 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
   } else {
     a.host_offsets.clear();
   }
-  op("expert gate_up grouped GEMM", l);
-  grouped_m(a, 2 * F, d, big, W + x.expert0, d, true, a.gu);
+  if (opts.fp8_experts) {
+    if (fp8_requant) fp8_quantize_weights(l);
+    op("expert gate_up grouped GEMM (FP8)", l);
+    fp8_grouped_m(l, a, true, big, a.gu);
+  } else {
+    op("expert gate_up grouped GEMM", l);
+    grouped_m(a, 2 * F, d, big, W + x.expert0, d, true, a.gu);
+  }
   op("SwiGLU forward", l);
   kc::swiglu_forward(a.act, F, a.gu, a.gu + F, 2 * F, NK, static_cast<int>(F), stream);
-  op("expert down_proj grouped GEMM", l);
-  grouped_m(a, d, F, a.act, W + x.expert0 + 2 * d * F, F, true, a.yp);
+  if (opts.fp8_experts) {
+    op("expert down_proj grouped GEMM (FP8)", l);
+    fp8_grouped_m(l, a, false, a.act, a.yp);
+  } else {
+    op("expert down_proj grouped GEMM", l);
+    grouped_m(a, d, F, a.act, W + x.expert0 + 2 * d * F, F, true, a.yp);
+  }
   if (combine) {
     op("un-permute (combine)", l);
     kc::moe_unpermute_forward(tmp_d, a.yp, a.topk_w, a.dst_row, N, static_cast<int>(K),
@@ -140,8 +151,11 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
 }
 
 // Everything up to the final norm output lnf. losses: (L) device router losses.
+// With FP8 experts and changed weights, each layer quantises its expert weights first (recomputed
+// layers in backward reuse those copies: fp8_requant is off again by then).
 void CudaMoEModel::Impl::trunk(kc::RouterLossesDevice* losses) {
   const std::int64_t N = tokens_n();
+  fp8_requant = opts.fp8_experts && fp8_stale;
   const float eps = static_cast<float>(cfg.rms_eps);
   hook_forward(0);
   op("embedding forward");
@@ -169,6 +183,7 @@ void CudaMoEModel::Impl::trunk(kc::RouterLossesDevice* losses) {
                                          static_cast<int>(d), eps, stream);
     }
   }
+  fp8_requant = false;
 }
 
 // The activations layer l writes in forward: its own, or the shared recompute set with its own

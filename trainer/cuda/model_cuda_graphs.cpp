@@ -43,7 +43,8 @@ void CudaMoEModel::Impl::destroy(Graph& g) noexcept {
 // compute() into graph_slot as a graph launch: replayed when captured for this key, captured
 // (then launched) when the key ran eagerly before, else run eagerly once.
 void CudaMoEModel::Impl::run_graph(float loss_scale) {
-  const GraphKey key{B, T, W, G, loss_scale, buffer_generation, grad_write, kc::stream_sm_budget(stream)};
+  const GraphKey key{B, T, W, G, loss_scale, buffer_generation, grad_write, kc::stream_sm_budget(stream),
+                     opts.fp8_experts && fp8_stale};
   Graph* g = nullptr;
   for (Graph& x : graphs) {
     if (x.key == key) g = &x;
@@ -146,6 +147,7 @@ void CudaMoEModel::Impl::run_forward(const std::int32_t* tok, const std::int32_t
   } else {
     compute(sd, with_backward, loss_scale);
   }
+  fp8_stale = false;  // the FP8 copies (if any) are this forward's, graph replay or not
   op("loss copy");
   if (sm_copies) {
     kc::sm_copy(slot_host_dev + static_cast<std::size_t>(slot) * slot_bytes, sd, slot_bytes, stream);

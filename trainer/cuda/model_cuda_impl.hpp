@@ -19,6 +19,8 @@
 
 #include "alloc/block.hpp"
 #include "kernels/cuda/embedding.hpp"
+#include "kernels/cuda/expert_gemm_fp8.hpp"
+#include "kernels/cuda/fp8_quant.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/lm_head_ce.hpp"
 #include "kernels/cuda/permute.hpp"
@@ -108,6 +110,16 @@ struct CudaMoEModel::Impl {
   float* logits_buf = nullptr;
   std::int64_t logits_rows = 0;
 
+  // FP8 experts (CudaModelOptions::fp8_experts): every layer's expert weights as e4m3 codes with
+  // their 128 x 128 block scales (gate/up, then down, per expert, layer after layer), and one
+  // activation buffer of 1 x 128-tile codes and scales that both expert GEMMs of a layer use.
+  __nv_fp8_e4m3* fp8_w = nullptr;
+  float* fp8_w_scales = nullptr;
+  __nv_fp8_e4m3* fp8_act = nullptr;
+  float* fp8_act_scales = nullptr;
+  bool fp8_stale = true;     // the weights changed since their FP8 copies were made
+  bool fp8_requant = false;  // the forward running now re-quantises them (trunk only, not recompute)
+
   std::size_t slot_bytes = 0;
   char* slot_dev = nullptr;
   alloc::unique_block slot_host;  // host (pinned on PCIe): loss read-back
@@ -139,6 +151,7 @@ struct CudaMoEModel::Impl {
     std::int64_t buffers = -1;  // activation buffer generation (ensure_capacity reallocations)
     GradWrite write = GradWrite::add;
     int sm_budget = 0;  // kernels::cuda::stream_sm_budget: the GEMMs' plans are captured with it
+    bool fp8_requant = false;  // the micro-batch quantises the FP8 expert weights first
     bool operator==(const GraphKey&) const = default;
   };
   std::int64_t buffer_generation = 0;
@@ -232,6 +245,13 @@ struct CudaMoEModel::Impl {
 
   void grouped_k(const Acts& a, std::int64_t m, std::int64_t n_, const bf16* A, const bf16* B_,
                  void* C, kc::DType ct, std::int64_t ldc);
+
+  // ---- FP8 experts (model_cuda_fp8.cpp) ----
+  void fp8_setup();
+  void fp8_quantize_weights(int l);
+  // var-M in FP8: C[rows_e] = Â[rows_e]·B̂_e^T with A (R, k) quantised into fp8_act first; B is
+  // layer l's gate/up (gate_up true: n = 2F, k = d) or down (n = d, k = F) copy.
+  void fp8_grouped_m(int l, const Acts& a, bool gate_up, const bf16* A, bf16* C);
 
   kc::AttentionShape att_shape() const;
 

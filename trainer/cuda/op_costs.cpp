@@ -71,6 +71,15 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["expert gate_up grouped GEMM"] = {2 * R * 2 * F * C, 2 * (R * C + E * 2 * F * C) + 2 * R * 2 * F};
   t["SwiGLU forward"] = {5 * R * F, 6 * R * F};
   t["expert down_proj grouped GEMM"] = {2 * R * C * F, 2 * (R * F + E * C * F) + 2 * R * C};
+  // GHT_FP8=experts (trainer/fp8_experts.hpp): the activations' 1 x 128 quantisation (bf16 read,
+  // e4m3 and a scale per 128 written) then the GEMM on 1-byte operands; the weights' 128 x 128
+  // quantisation once per layer and step, its own op.
+  auto quant = [](double rows, double cols) { return OpCost{3 * rows * cols, 3 * rows * cols + 4 * rows * cols / 128}; };
+  t["expert gate_up grouped GEMM (FP8)"] =
+      quant(R, C) + OpCost{2 * R * 2 * F * C, R * C + E * 2 * F * C + 4 * (R + E * 2 * F / 128) * C / 128 + 2 * R * 2 * F};
+  t["expert down_proj grouped GEMM (FP8)"] =
+      quant(R, F) + OpCost{2 * R * C * F, R * F + E * C * F + 4 * (R + E * C / 128) * F / 128 + 2 * R * C};
+  t["FP8 expert weight quantisation"] = quant(E * 3 * F, C);
   t["un-permute (combine)"] = gather;
   t["LM head + cross-entropy (forward)"] = {2 * N * V * C, 4 * N * V + 2 * N * C + 2 * V * C};
   // Logits chunk written, read, dlogits written (2·N·V each); x and W read, dx written, dW

@@ -2,6 +2,7 @@
 // the run reports about them before its first step.
 #include "tier/regions_json.hpp"
 #include "trainer/cuda/train_run.hpp"
+#include "trainer/fp8_experts.hpp"
 
 namespace ght::trainer::cuda_run {
 
@@ -140,6 +141,7 @@ CudaGraphChoice CudaRun::make_model(std::int64_t lm_head_rows, CudaGraphsMode& g
                    : gemm == "cublaslt_loop"    ? kernels::cuda::GroupedGemmImpl::cublaslt_loop
                                                 : kernels::cuda::default_grouped_gemm_impl();
   mo.fused_kernels = config::cfg().get_bool(config::Key::GHT_FUSED_KERNELS);
+  mo.fp8_experts = fp8_gemms_from_config() == Fp8Gemms::experts;
   mo.ce_chunk_rows = lm_head_rows;  // what the plan counted
   mo.allocator = alloc_;
   CudaGraphRunFacts graph_facts;
@@ -213,7 +215,11 @@ void CudaRun::make_optimizer() {
   ao.hyper = cfg_.adam;
   ao.hyper.weight_extrapolation = 0;  // step() sets the delayed update's prediction per step
   ao.cpu_threads = cfg_.threads;
-  if (data_parallel()) ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
+  if (data_parallel()) {
+    ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
+  } else if (speculation_auto()) {
+    ao.speculate_bytes = auto_speculation_bytes(cfg_.model, plan_->options());
+  }
   if (shards_) ao.combine_sumsq = sumsq_over_ranks(*s_.comm);  // the norm over every rank's shard
   opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, alloc_);
 }
@@ -271,7 +277,8 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
       " tokens/step, backend cuda on " + prop.name + "; attention requested " +
       std::string(kernels::cuda::to_string(model_->options().attention_impl)) + ", expert GEMMs " +
       std::string(kernels::cuda::to_string(model_->options().expert_impl)) + ", fused kernels " +
-      (model_->options().fused_kernels ? "on" : "off"));
+      (model_->options().fused_kernels ? "on" : "off") +
+      (model_->options().fp8_experts ? "; the experts' forward in FP8 (GHT_FP8=experts)" : ""));
   say("memory: HBM weights " + config::format_bytes(mem.weights) + ", gradients " + config::format_bytes(mem.grads) +
       (stream_grads_ ? " (bf16, streamed to a " + config::format_bytes(host_grads_.bytes()) + " fp32 host accumulator)"
                      : std::string(model_->grad_type() == optimizer::GradType::bf16
@@ -302,7 +309,8 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
         config::format_bytes(delay_w_.bytes() + delay_g_.bytes()) + " of HBM");
   } else if ((opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_) {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
-        config::format_bytes(opt_->speculate_capacity()) + " HBM undo arena (gpu_link regions, GHT_OPT_SPECULATE) and a " +
+        config::format_bytes(opt_->speculate_capacity()) + " HBM undo arena (gpu_link regions, GHT_OPT_SPECULATE" +
+        (speculation_auto() ? " auto: what the last backward can hide, within free HBM" : "") + ") and a " +
         config::format_bytes(opt_->speculate_host_capacity()) +
         " host undo arena (cpu regions, GHT_OPT_SPECULATE_HOST); a clipped or skipped step undoes them exactly" +
         (launch_thread_ ? "; launched from host threads of their own, beside the backward's launches" : ""));

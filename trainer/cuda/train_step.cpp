@@ -109,6 +109,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   if (traced_step(step)) begin_trace();
   const auto t0 = std::chrono::steady_clock::now();
   start_step(step);
+  model_->weights_changed();  // whatever wrote them since (an update, an outer step): FP8 copies anew
 
   // ---- forward and backward over the micro-batches ----
   training_ = true;
@@ -250,6 +251,7 @@ void CudaRun::launch_update(const optimizer::StepResult& sr, bool delayed, bool 
   }
   opt_launched_ = true;
   update_in_place_ = !delayed;
+  model_->weights_changed();  // FP8 experts: the next forward quantises the new weights
 }
 
 // The step's breakdown into profile.json's steps (the first profile_steps of them), and the

@@ -1,0 +1,59 @@
+// The CUDA model's FP8 experts (CudaModelOptions::fp8_experts, trainer/fp8_experts.hpp): the
+// weights' FP8 copies, their quantisation once per weight change, and the experts' forward GEMMs
+// on e4m3 operands.
+#include "trainer/cuda/model_cuda_impl.hpp"
+#include "trainer/fp8_experts.hpp"
+
+namespace ght::trainer {
+
+// Availability first (a build without CUTLASS or a GPU other than sm_90 says why), then every
+// layer's weight copies, which live as long as the model.
+void CudaMoEModel::Impl::fp8_setup() {
+  if (!kc::fp8_gemm_available()) {
+    throw ght::config_error("GHT_FP8=experts: FP8 GEMMs cannot run here: " + kc::fp8_gemm_unavailable_reason() +
+                            "; unset GHT_FP8 (or set it to off) to train in bf16");
+  }
+  const Fp8ExpertSizes s = fp8_expert_sizes(cfg);
+  fp8_w = as<__nv_fp8_e4m3>(alloc(s.weight_codes, kWork, "FP8 expert weight codes"));
+  fp8_w_scales = as<float>(alloc(s.weight_scales, kWork, "FP8 expert weight scales"));
+  fp8_stale = true;
+}
+
+// Layer l's copies: every expert's gate/up rows (2F, d), then every expert's down rows (d, F),
+// each group packed; the scales in the same order. Each expert's weights sit 3·d·F apart in W.
+void CudaMoEModel::Impl::fp8_quantize_weights(int l) {
+  const auto ul = static_cast<std::size_t>(l);
+  const auto ue = static_cast<std::size_t>(E);
+  const std::size_t gu_codes = ue * static_cast<std::size_t>(2 * F * d);
+  const std::size_t layer_codes = ue * static_cast<std::size_t>(3 * F * d);
+  const std::size_t gu_scales = ue * fp8_gate_up_scales(cfg);
+  const std::size_t layer_scales = gu_scales + ue * fp8_down_scales(cfg);
+  __nv_fp8_e4m3* codes = fp8_w + ul * layer_codes;
+  float* scales = fp8_w_scales + ul * layer_scales;
+  const bf16* w = W + lo[ul].expert0;
+  const std::int64_t stride = 3 * d * F;
+  op("FP8 expert weight quantisation", l);
+  kc::quantize_fp8_blocks(codes, scales, w, static_cast<int>(E), 2 * F, d, d, stride, stream);
+  kc::quantize_fp8_blocks(codes + gu_codes, scales + gu_scales, w + 2 * d * F, static_cast<int>(E), d, F, F,
+                          stride, stream);
+}
+
+void CudaMoEModel::Impl::fp8_grouped_m(int l, const Acts& a, bool gate_up, const bf16* A, bf16* C) {
+  const auto ul = static_cast<std::size_t>(l);
+  const auto ue = static_cast<std::size_t>(E);
+  const std::size_t layer_codes = ue * static_cast<std::size_t>(3 * F * d);
+  const std::size_t gu_scales = ue * fp8_gate_up_scales(cfg);
+  const std::size_t layer_scales = gu_scales + ue * fp8_down_scales(cfg);
+  kc::Fp8GroupedGemmVarM g;
+  g.n = gate_up ? 2 * F : d;
+  g.k = gate_up ? d : F;
+  kc::quantize_fp8_rows(fp8_act, fp8_act_scales, A, tokens_n() * K, g.k, 0, stream);
+  g.a = fp8_act;
+  g.a_scales = fp8_act_scales;
+  g.b = fp8_w + ul * layer_codes + (gate_up ? 0 : ue * static_cast<std::size_t>(2 * F * d));
+  g.b_scales = fp8_w_scales + ul * layer_scales + (gate_up ? 0 : gu_scales);
+  g.c = C;
+  kc::grouped_gemm_fp8(g, offsets_of(a), stream);
+}
+
+}  // namespace ght::trainer
