@@ -11,7 +11,8 @@
 // 53 >= 2 · 24 + 2 bits, so rounding it again to fp32 is the correctly rounded fp32 of N / D
 // (double rounding is innocuous for a quotient at that precision): the entry is RN32(N / D).
 // No fp32 multiply by one reciprocal constant per decade gives RN32(N / D) for every code (F >= 3
-// for v, F >= 2 for m fail), and a division costs as much as the gather it would replace, so
+// for v, F >= 2 for m fail), and a division per code would queue behind the update's own division
+// and square root on the same unit (where the AVX-512 loop waits most, bench/NOTES.md), so
 // 1 / D is split into hi + lo: hi is 1 / D rounded to 12 significant bits, lo = RN32(1 / D - hi).
 // Then N · hi is exact in fp32 (11 + 12 bits) and
 //   value = RN32(N · hi + RN32(N · lo))
