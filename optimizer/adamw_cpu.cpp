@@ -128,12 +128,6 @@ inline unsigned q8_count(const std::uint32_t* index, float q) {
   return (e >> 16) + ((bits & 0xFFFFu) > (e & 0xFFFFu) ? 1u : 0u);
 }
 
-float q8_scale(const std::uint8_t* rec) {
-  float s;
-  std::memcpy(&s, rec + kQ8Block, sizeof s);
-  return s;
-}
-
 // The compute weight the span asks for: none, bf16 of p, or bf16 of p extrapolated by
 // k.extrapolate of this update (adamw_kernels.hpp).
 simd::Weight weight_mode(const AdamWSpan& s, const StepScalars& k) {
@@ -247,13 +241,8 @@ void q8_quantize(const float* x, std::size_t n, std::uint8_t* records, bool is_v
 }
 
 void q8_dequantize(const std::uint8_t* records, std::size_t n, float* x, bool is_v) {
-  const Q8Tables& t = q8_tables();
-  const float* map = is_v ? t.v : t.m;
   for (std::size_t e = 0, b = 0; e < n; e += kQ8Block, ++b) {
-    const std::uint8_t* rec = records + b * kQ8Record;
-    const float s = q8_scale(rec);
-    const std::size_t len = std::min(kQ8Block, n - e);
-    for (std::size_t i = 0; i < len; ++i) x[e + i] = map[rec[i]] * s;
+    simd::q8_load_block(records + b * kQ8Record, std::min(kQ8Block, n - e), x + e, is_v);
   }
 }
 

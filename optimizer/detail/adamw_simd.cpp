@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "optimizer/detail/adamw_simd.hpp"
+#include "optimizer/detail/q8_decades.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace ght::optimizer::simd {
@@ -196,9 +197,59 @@ HWY_INLINE void store_codes(VU codes, std::uint8_t* p) {
   hn::StoreU(hn::DemoteTo(D8(), hn::BitCast(DI(), codes)), D8(), p);
 }
 
-// Code value x scale, one fp32 multiply per lane (q8_dequantize).
-HWY_INLINE VF dequantize(const float* map, VU codes, VF scale) {
-  return hn::Mul(hn::GatherIndex(DF(), map, hn::BitCast(DI(), codes)), scale);
+// ---- q8 dequantization in closed form (q8_decades.hpp: the math and why it is exact) ----
+
+static_assert(kMaxLanes <= kQ8DecadeLanes, "a decade table must fill the widest vector");
+
+// Entry idx (0..7) of an 8-entry decade table per lane: one in-register permutation where a
+// vector holds 8 lanes or more, two and a select at 4 lanes (SSE4, NEON, 128-bit SVE), a load
+// for the one-lane fallback.
+HWY_INLINE VF decade_lookup(const float* HWY_RESTRICT table, hn::Vec<DI> idx) {
+  const DF df;
+#if HWY_TARGET == HWY_SCALAR
+  return hn::Set(df, table[hn::GetLane(idx)]);
+#else
+  if (hn::Lanes(df) >= 8) return hn::TableLookupLanes(hn::LoadU(df, table), hn::IndicesFromVec(df, idx));
+  const DI di;
+  const auto low = hn::IndicesFromVec(df, hn::And(idx, hn::Set(di, 3)));
+  const VF first = hn::TableLookupLanes(hn::LoadU(df, table), low);
+  const VF second = hn::TableLookupLanes(hn::LoadU(df, table + 4), low);
+  return hn::IfThenElse(hn::RebindMask(df, hn::Gt(idx, hn::Set(di, 3))), second, first);
+#endif
+}
+
+// RN32(N · hi + RN32(N · lo)) = RN32(N / D) of codes 1..255 (q8_decades.hpp); lanes of code 0
+// hold a value the callers replace. The conversion of the code gives F in its exponent: 2^F is
+// those bits without the mantissa, the decade's entry their low 3 bits.
+HWY_INLINE VF closed_value(VU c, const float* HWY_RESTRICT hi, const float* HWY_RESTRICT lo) {
+  const DF df;
+  const DU du;
+  const DI di;
+  const VF cf = hn::ConvertTo(df, hn::BitCast(di, c));
+  const VU bits = hn::BitCast(du, cf);
+  const VF pow2 = hn::BitCast(df, hn::And(bits, hn::Set(du, 0xFF800000u)));
+  const VF n = hn::Sub(hn::Add(hn::Mul(cf, hn::Set(df, 9.0f)), hn::Set(df, 9.0f)), hn::Mul(pow2, hn::Set(df, 8.0f)));
+  const auto idx = hn::BitCast(di, hn::And(hn::ShiftRight<23>(bits), hn::Set(du, 7u)));
+  return hn::Add(hn::Mul(n, decade_lookup(hi, idx)), hn::Mul(n, decade_lookup(lo, idx)));
+}
+
+// m's code value x scale: the magnitude's value (0 for magnitude 0), the code's sign bit moved
+// to the float's (code 0x80 gives -0, as the map), then one fp32 multiply (q8_dequantize).
+HWY_INLINE VF dequantize_m(const Q8Decades& d, VU codes, VF scale) {
+  const DF df;
+  const DU du;
+  const VU a = hn::And(codes, hn::Set(du, 0x7Fu));
+  const VF mag = hn::IfThenZeroElse(hn::RebindMask(df, hn::Eq(a, hn::Zero(du))), closed_value(a, d.m_hi, d.m_lo));
+  const VU sign = hn::ShiftLeft<24>(hn::And(codes, hn::Set(du, 0x80u)));
+  return hn::Mul(hn::BitCast(df, hn::Or(hn::BitCast(du, mag), sign)), scale);
+}
+
+// v's code value x scale (code 0: 10^-8).
+HWY_INLINE VF dequantize_v(const Q8Decades& d, VU codes, VF scale) {
+  const DF df;
+  const DU du;
+  const auto zero = hn::RebindMask(df, hn::Eq(codes, hn::Zero(du)));
+  return hn::Mul(hn::IfThenElse(zero, hn::Set(df, kQ8VZero), closed_value(codes, d.v_hi, d.v_lo)), scale);
 }
 
 // One step of the block absmax: acc = |x| > acc ? |x| : acc (a NaN lane never replaces acc, so
@@ -267,7 +318,7 @@ HWY_INLINE float record_scale(const std::uint8_t* rec) {
 
 // The tables one q8 block needs.
 struct Q8Maps {
-  const Q8Tables& t;
+  const Q8Decades& d;
   const Q8Index& ix;
 };
 
@@ -286,8 +337,8 @@ void q8_block(float* HWY_RESTRICT master, std::uint8_t* mrec, std::uint8_t* vrec
   VF am = hn::Zero(df), av = hn::Zero(df);
   std::size_t i = 0;
   for (; i + lanes <= len; i += lanes) {
-    VF mi = dequantize(q.t.m, load_codes(mrec + i), sm);
-    VF vi = dequantize(q.t.v, load_codes(vrec + i), sv);
+    VF mi = dequantize_m(q.d, load_codes(mrec + i), sm);
+    VF vi = dequantize_v(q.d, load_codes(vrec + i), sv);
     const VF before = hn::LoadU(df, master + i);
     const VF p = update(before, mi, vi, g + i, k);
     store_master<kWeight>(p, before, master + i, kWeight == Weight::none ? nullptr : w + i, k);
@@ -303,8 +354,8 @@ void q8_block(float* HWY_RESTRICT master, std::uint8_t* mrec, std::uint8_t* vrec
     HWY_ALIGN std::uint16_t wb[kMaxLanes] = {};
     std::memcpy(pb, master + i, rest * sizeof(float));
     std::memcpy(gb, g + i, rest * sizeof(G));
-    VF mi = dequantize(q.t.m, load_codes(mrec + i), sm);
-    VF vi = dequantize(q.t.v, load_codes(vrec + i), sv);
+    VF mi = dequantize_m(q.d, load_codes(mrec + i), sm);
+    VF vi = dequantize_v(q.d, load_codes(vrec + i), sv);
     const VF before = hn::Load(df, pb);
     store_master<kWeight>(update(before, mi, vi, gb, k), before, pb, wb, k);
     std::memcpy(master + i, pb, rest * sizeof(float));
@@ -337,8 +388,8 @@ void adamw_q8_weight(const Q8Range& r, const StepScalars& k, const Q8Maps& q) {
   }
 }
 
-void adamw_q8_target(const Q8Range& r, const StepScalars& k, const Q8Tables& t, const Q8Index& ix) {
-  const Q8Maps q{t, ix};
+void adamw_q8_target(const Q8Range& r, const StepScalars& k, const Q8Decades& d, const Q8Index& ix) {
+  const Q8Maps q{d, ix};
   if (r.grad == GradType::bf16) adamw_q8_weight<std::uint16_t>(r, k, q);
   else adamw_q8_weight<float>(r, k, q);
 }
@@ -354,6 +405,25 @@ void q8_store_block_target(const float* x, std::size_t len, std::uint8_t* rec, b
   for (std::size_t i = 0; i < len; i += lanes) acc = absmax_step(acc, hn::Load(df, b + i));
   if (is_v) quantize_block<true>(b, len, absmax_of(acc), rec, ix.v);
   else quantize_block<false>(b, len, absmax_of(acc), rec, ix.m);
+}
+
+// q8_load_block: whole vectors of codes (a record holds kQ8Block of them), the last partial one
+// stored through a buffer.
+void q8_load_block_target(const std::uint8_t* rec, std::size_t len, float* x, bool is_v, const Q8Decades& d) {
+  const DF df;
+  const std::size_t lanes = hn::Lanes(df);
+  const VF s = hn::Set(df, record_scale(rec));
+  for (std::size_t i = 0; i < len; i += lanes) {
+    const VU c = load_codes(rec + i);
+    const VF y = is_v ? dequantize_v(d, c, s) : dequantize_m(d, c, s);
+    if (i + lanes <= len) {
+      hn::StoreU(y, df, x + i);
+    } else {
+      HWY_ALIGN float b[kMaxLanes];
+      hn::Store(y, df, b);
+      std::memcpy(x + i, b, (len - i) * sizeof(float));
+    }
+  }
 }
 
 // Σ x² in double with eight partial sums, element i into partial i mod 8 on every target: four
@@ -454,6 +524,7 @@ HWY_EXPORT(sumsq_target);
 HWY_EXPORT(accumulate_target);
 HWY_EXPORT(adamw_q8_target);
 HWY_EXPORT(q8_store_block_target);
+HWY_EXPORT(q8_load_block_target);
 HWY_EXPORT(this_target);
 
 void adamw(const AdamWRange& r, const StepScalars& k) {
@@ -461,11 +532,15 @@ void adamw(const AdamWRange& r, const StepScalars& k) {
 }
 
 void adamw_q8(const Q8Range& r, const StepScalars& k) {
-  if (r.n > 0) HWY_DYNAMIC_DISPATCH(adamw_q8_target)(r, k, q8_tables(), q8_index());
+  if (r.n > 0) HWY_DYNAMIC_DISPATCH(adamw_q8_target)(r, k, q8_decades(), q8_index());
 }
 
 void q8_store_block(const float* x, std::size_t len, std::uint8_t* rec, bool is_v) {
   HWY_DYNAMIC_DISPATCH(q8_store_block_target)(x, len, rec, is_v, q8_index());
+}
+
+void q8_load_block(const std::uint8_t* rec, std::size_t len, float* x, bool is_v) {
+  if (len > 0) HWY_DYNAMIC_DISPATCH(q8_load_block_target)(rec, len, x, is_v, q8_decades());
 }
 
 double sumsq(const void* g, GradType t, std::size_t n) { return HWY_DYNAMIC_DISPATCH(sumsq_target)(g, t, n); }

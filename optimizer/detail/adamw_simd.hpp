@@ -79,6 +79,10 @@ void adamw_q8(const Q8Range& r, const StepScalars& k);
 /// One block record from len <= kQ8Block values: the scale, the nearest codes, 0 after len.
 void q8_store_block(const float* x, std::size_t len, std::uint8_t* rec, bool is_v);
 
+/// The values of the first len <= kQ8Block codes of one block record: code value x scale, one
+/// fp32 multiply each (q8_dequantize), the code values in closed form (q8_decades.hpp).
+void q8_load_block(const std::uint8_t* rec, std::size_t len, float* x, bool is_v);
+
 /// Σ g² in double of n gradients (fp32 or bf16 bits). The order of the additions is fixed and
 /// the same on every target: element i goes to partial sum i mod 8, and the eight partials are
 /// added as ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) at the end.

@@ -20,6 +20,7 @@
 #include "optimizer/adamw_kernels.hpp"
 #include "optimizer/bf16_state_util.hpp"
 #include "optimizer/detail/adamw_simd.hpp"
+#include "optimizer/detail/q8_decades.hpp"
 #include "optimizer/q8_state_util.hpp"
 
 namespace ght::optimizer {
@@ -69,6 +70,30 @@ TEST(Q8Map, TablesFollowTheDefinitionAreMonotoneAndVHasNoZero) {
     EXPECT_TRUE(t.v_mid[c] > t.v[c] && t.v_mid[c] < t.v[c + 1]) << c;
   }
   EXPECT_TRUE(std::isinf(t.v_mid[255]) && std::isinf(t.m_mid[127]));
+}
+
+// The host loops' closed form of the maps (optimizer/detail/q8_decades.hpp) gives every entry of
+// both maps bit for bit: all 256 codes each, signs and zeros of m included.
+TEST(Q8Map, ClosedFormGivesEveryEntryOfBothMaps) {
+  const Q8Tables& t = q8_tables();
+  const simd::Q8Decades& d = simd::q8_decades();
+  for (unsigned c = 0; c < 256; ++c) {
+    const auto code = static_cast<std::uint8_t>(c);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(simd::q8_closed_value(d, code, false)), std::bit_cast<std::uint32_t>(t.m[c]))
+        << "m code " << c << ": " << simd::q8_closed_value(d, code, false) << " vs " << t.m[c];
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(simd::q8_closed_value(d, code, true)), std::bit_cast<std::uint32_t>(t.v[c]))
+        << "v code " << c << ": " << simd::q8_closed_value(d, code, true) << " vs " << t.v[c];
+  }
+  // The split is needed: one reciprocal per decade rounds some code differently.
+  int one_multiply_misses = 0;
+  for (unsigned c = 1; c < 256; ++c) {
+    const auto cf = static_cast<float>(c);
+    const float pow2 = std::ldexp(1.0f, std::ilogb(cf));
+    const float n = (cf * 9.0f + 9.0f) - pow2 * 8.0f;
+    const float recip = static_cast<float>(1.0 / (10.0 * pow2 * std::pow(10.0, 7 - std::ilogb(cf))));
+    one_multiply_misses += n * recip != t.v[c];
+  }
+  EXPECT_GT(one_multiply_misses, 0);
 }
 
 // ---- the quantizer ------------------------------------------------------------------------------

@@ -352,6 +352,40 @@ TEST_P(SimdTargets, Q8StoreBlockMatchesScalar) {
   }
 }
 
+// Every code of both maps through the vector dequantization (the closed form, q8_decades.hpp)
+// gives its map entry times the scale, bit for bit: the codes in order and shuffled, whole blocks
+// and partial ones, scales of every kind (NaN and infinite included).
+TEST_P(SimdTargets, Q8LoadBlockGivesEveryCodesMapEntryTimesTheScale) {
+  const Q8Tables& t = q8_tables();
+  std::mt19937 rng(29);
+  std::vector<std::uint8_t> order(kQ8Block);
+  for (std::size_t c = 0; c < kQ8Block; ++c) order[c] = static_cast<std::uint8_t>(c);
+  std::vector<std::uint8_t> shuffled = order;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  const float scales[] = {1.0f, 0.75f, 3.1e-5f, 1e30f, std::numeric_limits<float>::denorm_min(), 0.0f,
+                          std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (const auto* codes : {&order, &shuffled}) {
+    for (const float s : scales) {
+      std::vector<std::uint8_t> rec(codes->begin(), codes->end());
+      rec.resize(kQ8Record);
+      std::memcpy(rec.data() + kQ8Block, &s, sizeof s);
+      for (const std::size_t len : {std::size_t{256}, std::size_t{255}, std::size_t{13}, std::size_t{1}}) {
+        for (const bool is_v : {false, true}) {
+          std::vector<float> got(len + 1, 7.0f);
+          simd::q8_load_block(rec.data(), len, got.data(), is_v);
+          const float* map = is_v ? t.v : t.m;
+          for (std::size_t i = 0; i < len; ++i) {
+            const float want = map[rec[i]] * s;
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want))
+                << (is_v ? "v" : "m") << " code " << int{rec[i]} << " scale " << s << ": " << got[i] << " vs " << want;
+          }
+          EXPECT_EQ(got[len], 7.0f) << "wrote past len";
+        }
+      }
+    }
+  }
+}
+
 // The documented order: element i into partial i mod 8, the partials added pairwise.
 template <typename G>
 double sumsq_reference(const G* g, std::size_t n) {
