@@ -56,7 +56,8 @@ struct FixedCosts {
   }
   [[nodiscard]] std::uint64_t hbm(const PlanOptions& o) const {
     if (o.link.kind == LinkKind::none) return 0;
-    return (state_on_host > 0 ? o.host_state_hbm_bytes : 0) + (recomputed > 0 ? o.recompute_scratch_bytes : 0) +
+    return (state_on_host > 0 ? o.host_state_hbm_bytes + o.speculation_hbm_bytes : 0) +
+           (recomputed > 0 ? o.recompute_scratch_bytes : 0) +
            o.delayed_update_hbm_bytes + o.fp8_hbm_bytes;
   }
   [[nodiscard]] std::uint64_t host(const PlanOptions& o) const {
@@ -300,7 +301,8 @@ bool Plan::operator==(const Plan& o) const {
          p.host_state_hbm_bytes == q.host_state_hbm_bytes &&
          p.recompute_scratch_bytes == q.recompute_scratch_bytes &&
          p.delayed_update_hbm_bytes == q.delayed_update_hbm_bytes && p.fp8_hbm_bytes == q.fp8_hbm_bytes &&
-         p.fp8_saved_seconds == q.fp8_saved_seconds && regions_ == o.regions_ &&
+         p.fp8_saved_seconds == q.fp8_saved_seconds && p.speculation_hbm_bytes == q.speculation_hbm_bytes &&
+         regions_ == o.regions_ &&
          decisions_ == o.decisions_ && prediction_ == o.prediction_ && notes_ == o.notes_;
 }
 

@@ -157,6 +157,9 @@ struct PlanOptions {
   /// HBM the trainer holds whatever the placement, on a GPU machine: the second bf16 weight and
   /// gradient buffers of the one-step-delayed update (GHT_OPT_DELAY=1; the trainer sets it).
   std::uint64_t delayed_update_hbm_bytes = 0;
+  /// HBM the optimizer reserves while any master/m/v region lives on the host: the undo arena of
+  /// the updates launched during the last backward (GHT_OPT_SPECULATE; the trainer sets it).
+  std::uint64_t speculation_hbm_bytes = 0;
   /// HBM the trainer holds whatever the placement for FP8 GEMMs (GHT_FP8): the weights' FP8
   /// copies and the activations' codes, with their scales (the trainer sets it; 0 = none).
   std::uint64_t fp8_hbm_bytes = 0;

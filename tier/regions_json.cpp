@@ -453,6 +453,7 @@ std::string Plan::to_json() const {
   top["host_state_hbm_bytes"] = o.host_state_hbm_bytes;
   top["recompute_scratch_bytes"] = o.recompute_scratch_bytes;
   top["delayed_update_hbm_bytes"] = o.delayed_update_hbm_bytes;
+  if (o.speculation_hbm_bytes != 0) top["speculation_hbm_bytes"] = o.speculation_hbm_bytes;
   if (o.fp8_hbm_bytes != 0) top["fp8_hbm_bytes"] = o.fp8_hbm_bytes;
   if (o.fp8_saved_seconds != 0) put_double(top, "fp8_saved_seconds", o.fp8_saved_seconds);
   top["summary"] = {{"grad_mode", mode_summary(TensorClass::grad)},
@@ -497,7 +498,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   const json j = parse_text(text, origin);
   check_keys(j, origin, "",
              {"format", "version", "policy", "place", "budgets", "link", "step_flops",
-              "assumed_tflops", "backward_ratio", "head_flops", "head_tflops", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "delayed_update_hbm_bytes", "fp8_hbm_bytes", "fp8_saved_seconds", "summary", "prediction", "notes", "regions"});
+              "assumed_tflops", "backward_ratio", "head_flops", "head_tflops", "stream_staging_bytes", "host_state_hbm_bytes", "recompute_scratch_bytes", "delayed_update_hbm_bytes", "speculation_hbm_bytes", "fp8_hbm_bytes", "fp8_saved_seconds", "summary", "prediction", "notes", "regions"});
   if (get_string(j, "format", origin, "", nullptr) != "ghtier-plan") {
     fail(origin, "format", "expected \"ghtier-plan\" (is this a ght plan --json file?)");
   }
@@ -544,6 +545,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   if (get(j, "host_state_hbm_bytes")) o.host_state_hbm_bytes = get_u64(j, "host_state_hbm_bytes", origin, "");
   if (get(j, "recompute_scratch_bytes")) o.recompute_scratch_bytes = get_u64(j, "recompute_scratch_bytes", origin, "");
   if (get(j, "delayed_update_hbm_bytes")) o.delayed_update_hbm_bytes = get_u64(j, "delayed_update_hbm_bytes", origin, "");
+  if (get(j, "speculation_hbm_bytes")) o.speculation_hbm_bytes = get_u64(j, "speculation_hbm_bytes", origin, "");
   if (get(j, "fp8_hbm_bytes")) o.fp8_hbm_bytes = get_u64(j, "fp8_hbm_bytes", origin, "");
   if (get(j, "fp8_saved_seconds")) o.fp8_saved_seconds = get_double(j, "fp8_saved_seconds", origin, "", 0);
 

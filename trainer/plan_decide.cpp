@@ -37,7 +37,7 @@ class PlannedSettings {
 ModelPlan plan_settings(const ModelConfig& cfg, const tier::PlanOptions& base, int ranks,
                         const tier::Measurements* measured) {
   tier::PlanOptions o = base;
-  add_trainer_reservations(o, cfg);
+  add_trainer_reservations(o, cfg, ranks);
   return plan_model(cfg, o, ranks, measured);
 }
 
@@ -95,6 +95,11 @@ std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, c
   }
   if (gpu && scope.ranks == 1 && scope.allow_delay) {
     dims.push_back(tier::make_dimension(reg, "GHT_OPT_DELAY", "delay", {{"off", true}, {"on", false}}, honour_pins));
+  }
+  // The undo arena of updates during the last backward, sized by the trainer (empty: auto) or
+  // none: exact either way; it costs HBM while state is on the host, and widens the update's window.
+  if (gpu && scope.ranks == 1) {
+    dims.push_back(tier::make_dimension(reg, "GHT_OPT_SPECULATE", "undo arena", {{"", true}, {"0", true}}, honour_pins));
   }
   // FP8 is searched where the user set GHT_FP8 or the ledger prices it: without a verdict no
   // tolerance admits it, and listing it among the plans that fit would offer what may not run here

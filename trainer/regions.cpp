@@ -290,7 +290,7 @@ std::string plan_region_of(std::string_view tensor, ght::TensorClass cls) {
   return plan_group_of(tensor) + "." + std::string(ght::to_string(cls));
 }
 
-void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) {
+void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c, int ranks) {
   // An explicit optimizer path decides where the state lives (AdamW places it there whatever
   // the plan says): the plan places it there too, so that what it predicts is what runs.
   if (options.place.empty() && options.link.kind != ght::LinkKind::none) {
@@ -307,6 +307,7 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& c) 
   options.recompute_scratch_bytes = activation_sizes(c).recompute_scratch;
   options.delayed_update_hbm_bytes = delayed_update_hbm_bytes(c);
   add_fp8_reservation(options, c);
+  options.speculation_hbm_bytes = speculation_hbm_bytes(c, options, ranks);
   options.host_state_hbm_bytes = 0;
   if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return;
   // One optimizer region per parameter tensor (the CUDA trainer's): the largest sizes the slots.
@@ -409,6 +410,13 @@ bool speculating_updates() {
 
 bool speculation_auto() { return config::cfg().text(config::Key::GHT_OPT_SPECULATE).empty(); }
 
+std::uint64_t speculation_hbm_bytes(const ModelConfig& c, const tier::PlanOptions& options, int ranks) {
+  // Several ranks reduce the gradients first; a delayed update needs no speculation.
+  if (ranks > 1 || delayed_update() || options.link.kind == ght::LinkKind::none) return 0;
+  if (speculation_auto()) return auto_speculation_bytes(c, options);
+  return config::cfg().get_size(config::Key::GHT_OPT_SPECULATE).resolve(options.budgets.hbm, "GHT_OPT_SPECULATE");
+}
+
 std::uint64_t auto_speculation_bytes(const ModelConfig& c, const tier::PlanOptions& o) {
   const double link = std::min(o.link.h2d_bps, o.link.d2h_bps);
   if (o.link.kind == ght::LinkKind::none || link <= 0 || o.assumed_tflops <= 0) return 0;
@@ -417,7 +425,8 @@ std::uint64_t auto_speculation_bytes(const ModelConfig& c, const tier::PlanOptio
   const double last_backward = (layers + o.head_seconds()) / c.grad_accum;
   const double state = optimizer::state_bytes_per_param(optimizer::state_type_from_config());
   const double params = std::min(last_backward * link / state, static_cast<double>(c.total_params()));
-  return static_cast<std::uint64_t>(params * (state + sizeof(std::uint16_t)));
+  const double bytes = params * (state + sizeof(std::uint16_t));
+  return static_cast<std::uint64_t>(std::min(bytes, static_cast<double>(o.budgets.hbm) * kAutoSpeculationShare));
 }
 
 double update_window_fraction(int grad_accum) {

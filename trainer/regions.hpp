@@ -127,10 +127,12 @@ struct ModelPlan {
 /// The CUDA trainer's fixed HBM costs, set in `options`: delayed_update_hbm_bytes (always, when
 /// GHT_OPT_DELAY is on), host_state_hbm_bytes (the optimizer's dma slots while any master/m/v region is on the host,
 /// when GHT_OPT_LINK_MODE resolves to dma) and recompute_scratch_bytes (one layer's buffers while
-/// any layer is recomputed); and, when GHT_PLACE is empty and there is a GPU link, the state's
+/// any layer is recomputed), speculation_hbm_bytes (the undo arena while any master/m/v region is on
+/// the host; `ranks` > 1: none), and FP8's copies (add_fp8_reservation); and, when GHT_PLACE is
+/// empty and there is a GPU link, the state's
 /// tier that an explicit GHT_OPTIMIZER path implies (gpu_link, cpu: host; device: HBM), since
 /// AdamW places it there. `ght plan` and `ght train` both call it, so they plan alike.
-void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg);
+void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg, int ranks = 1);
 
 /// The element type of the gradients the CUDA trainer accumulates in HBM (GHT_GRAD_ACCUM): what
 /// the model allocates and what the plan counts.
@@ -154,9 +156,18 @@ void add_trainer_reservations(tier::PlanOptions& options, const ModelConfig& cfg
  * (backward_ratio) of one micro-batch's layer compute at the assumed rate, plus the LM head's; the
  * link updates min(h2d, d2h) / state_bytes_per_param parameters a second (each parameter's state
  * crosses it both ways). A larger arena hides nothing more: it only starts launches earlier.
- * At most every parameter; 0 without a GPU link. The optimizer caps it at the HBM left free.
+ * At most every parameter, and at most kAutoSpeculationShare of the HBM budget (over C2C the
+ * last backward could hide more state than HBM holds); 0 without a GPU link. The plan weighs it
+ * against placement (a GHT_OPT_SPECULATE=0 candidate beside it); the optimizer caps it at the HBM
+ * left free.
  */
+inline constexpr double kAutoSpeculationShare = 0.125;
 [[nodiscard]] std::uint64_t auto_speculation_bytes(const ModelConfig& cfg, const tier::PlanOptions& options);
+/// The HBM undo arena the plan counts while any master/m/v region is on the host
+/// (PlanOptions::speculation_hbm_bytes): auto_speculation_bytes under auto, else GHT_OPT_SPECULATE
+/// (a percentage of the HBM budget); 0 for several ranks, a delayed update or no GPU link.
+[[nodiscard]] std::uint64_t speculation_hbm_bytes(const ModelConfig& cfg, const tier::PlanOptions& options,
+                                                  int ranks);
 /// The share of the step that the update can hide behind (tier::Access::window_fraction):
 /// delayed, the next step's stale micro-batches (delay_stale_micro_batches / grad_accum); exact,
 /// the next step's first forward (each unit's forward waits for that unit's update), plus the

@@ -228,7 +228,7 @@ TEST(ModelRegions, UpdateWindowFollowsTheSchedule) {
 }
 
 // GHT_OPT_SPECULATE's auto: the parameters the last micro-batch's backward hides over the link, at
-// their undo bytes; every parameter at most; nothing without a link.
+// their undo bytes; every parameter and an eighth of the HBM budget at most; nothing without a link.
 TEST(ModelRegions, AutoSpeculationArenaHoldsWhatTheLastBackwardHides) {
   ModelConfig c = preset("bench-h200");
   c.grad_accum = 64;
@@ -241,6 +241,7 @@ TEST(ModelRegions, AutoSpeculationArenaHoldsWhatTheLastBackwardHides) {
   o.backward_ratio = 2.4;
   o.head_flops = 72e12;
   o.head_tflops = 720;
+  o.budgets.hbm = std::uint64_t{1} << 40;
   // (2e15 / 500e12 x 2.4 / 3.4 + 0.1 s) / 64 of backward, 48 GB/s / 12 B per parameter (fp32 m/v).
   const double backward = (4.0 * 2.4 / 3.4 + 0.1) / 64;
   const double params = backward * 48e9 / 12;
@@ -253,6 +254,8 @@ TEST(ModelRegions, AutoSpeculationArenaHoldsWhatTheLastBackwardHides) {
   c.grad_accum = 1;  // one long backward hides every parameter
   o.step_flops = 2e18;
   EXPECT_EQ(auto_speculation_bytes(c, o), static_cast<std::uint64_t>(static_cast<double>(c.total_params()) * 14));
+  o.budgets.hbm = std::uint64_t{137} << 30;  // ... but not more than an eighth of HBM
+  EXPECT_EQ(auto_speculation_bytes(c, o), static_cast<std::uint64_t>(137.0 * (1 << 30) / 8));
   o.link = tier::builtin_profile("none");
   EXPECT_EQ(auto_speculation_bytes(c, o), 0u);
 }

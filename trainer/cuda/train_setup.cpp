@@ -218,7 +218,7 @@ void CudaRun::make_optimizer() {
   if (data_parallel()) {
     ao.speculate_bytes = 0;  // gradients are final only after the all-reduce
   } else if (speculation_auto()) {
-    ao.speculate_bytes = auto_speculation_bytes(cfg_.model, plan_->options());
+    ao.speculate_bytes = plan_->options().speculation_hbm_bytes;  // what the plan counted
   }
   if (shards_) ao.combine_sumsq = sumsq_over_ranks(*s_.comm);  // the norm over every rank's shard
   opt_ = std::make_unique<optimizer::AdamW>(std::move(regions), ao, alloc_);
