@@ -40,7 +40,7 @@ TEST(ConfigRanges, EverySizeOptionDeclaresARangeAndItsDefaultIsInside) {
 
 TEST(ConfigRanges, EmptySizeIsRejectedWhereItIsNotAuto) {
   for (const char* name : {"GHT_HBM_HEADROOM", "GHT_OPT_CHUNK", "GHT_STAGING_BYTES", "GHT_HOST_HEADROOM",
-                           "GHT_OPT_SPECULATE"}) {
+                           "GHT_OPT_SPECULATE_HOST"}) {
     SCOPED_TRACE(name);
     const std::string msg = load_error({std::string(name) + "="});
     EXPECT_CONTAINS(msg, name);
@@ -49,11 +49,12 @@ TEST(ConfigRanges, EmptySizeIsRejectedWhereItIsNotAuto) {
 }
 
 TEST(ConfigRanges, EmptyBudgetKeepsItsAutoMeaning) {
-  Env env({"GHT_HBM_BUDGET=", "GHT_HOST_BUDGET="});
+  Env env({"GHT_HBM_BUDGET=", "GHT_HOST_BUDGET=", "GHT_OPT_SPECULATE="});
   Registry r;
   r.load(env.get());
   EXPECT_TRUE(r.is_empty(Key::GHT_HBM_BUDGET));
   EXPECT_TRUE(r.is_empty(Key::GHT_HOST_BUDGET));
+  EXPECT_TRUE(r.is_empty(Key::GHT_OPT_SPECULATE));  // auto: ght train sizes the undo arena
   EXPECT_EQ(r.get_size(Key::GHT_HBM_BUDGET).bytes, 0u);
 }
 
