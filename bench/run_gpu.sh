@@ -12,6 +12,8 @@
 # "-o model.grad_accum=16 --steps 3 --profile-steps 3"); TRACE_NAME=<name> writes
 # $OUT/kernel_breakdown_<name>.{md,json} instead, so a second run with other settings (GHT_*
 # variables pass through) keeps the first one's files.
+# Opt-in stages fp8 (the FP8 paths' GPU tests and bench_fp8_grouped) and noknobs (the plan deciding
+# alone, bench/trainer/plan_noknobs.sh, on NOKNOBS_CASES; HAND passes through).
 # Output: everything goes to stdout and to $OUT/run.log (or build-gpu/run.log without $OUT);
 # JSON results are collected into $OUT/results.tgz. GPU tests run with GHT_TEST_REQUIRE_GPU=1, so
 # a missing device fails them instead of skipping.
@@ -115,6 +117,29 @@ if want trace; then
   run_stage trace trace
 fi
 
+if want fp8; then
+  # The FP8 paths' GPU tests (quantisation bit for bit against the CPU, the grouped GEMM against its
+  # dequantised reference, the model's FP8 experts against bf16), then the grouped GEMM against bf16
+  # at seed-21b's expert shapes.
+  fp8() {
+    local rc=0 t
+    for t in kernels_cuda_fp8_test kernels_cuda_fp8_gemm_test trainer_cuda_model_fp8_test; do
+      build-gpu/bin/$t --gtest_brief=1 || rc=1
+    done
+    build-gpu/bin/bench_fp8_grouped --iters 30 --json "$res/bench_fp8_grouped.json" || rc=1
+    return $rc
+  }
+  run_stage fp8 fp8
+fi
+
+if want noknobs; then
+  # The plan deciding alone (bench/trainer/plan_noknobs.sh): NOKNOBS_CASES (default bench64k
+  # 14l64k), HAND passes through (the hand settings each case is also run with).
+  # shellcheck disable=SC2086  # NOKNOBS_CASES is a list of case names
+  run_stage noknobs bash bench/trainer/plan_noknobs.sh "$ght" "$res/noknobs" ${NOKNOBS_CASES:-bench64k 14l64k}
+  cp "$res/noknobs/summary.md" "$out/noknobs_summary.md" 2>/dev/null
+fi
+
 if want sweep; then
   sweep() {
     [ -x "$ght" ] || { echo "no $ght: run the build stage first"; return 1; }
@@ -131,7 +156,7 @@ tar -czf "$out/results.tgz" -C build-gpu results 2>/dev/null
 echo; echo "=== summary"
 printf '| %-16s | %-24s |\n' stage status
 printf '|%s|%s|\n' "------------------" "--------------------------"
-for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_lm_head bench_kernels train trace sweep; do
+for s in build probe test sanitizer torch torch-import-order torch-train interop interop-gpu bench-alloc bench-opt torch-adamw bench_expert_gemm bench_lm_head bench_kernels train trace fp8 noknobs sweep; do
   [ -n "${status[$s]:-}" ] && printf '| %-16s | %-24s |\n' "$s" "${status[$s]}"
 done
 fail=0; for v in "${status[@]}"; do [[ $v == FAIL* ]] && fail=1; done
