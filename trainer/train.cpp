@@ -8,10 +8,12 @@
 
 #include "alloc/tiered.hpp"
 #include "optimizer/adamw.hpp"
+#include "tier/config.hpp"
 #include "tier/error.hpp"
 #include "trainer/dist/comm.hpp"
 #include "trainer/dist/gpu_comm.hpp"
 #include "trainer/dist/launch.hpp"
+#include "trainer/fp8_experts.hpp"
 #include "trainer/loop.hpp"
 #include "trainer/model.hpp"
 #include "trainer/regions.hpp"
@@ -39,6 +41,11 @@ bool gpu_present(std::string* why) {
 class CpuBackend final : public TrainBackend {
  public:
   explicit CpuBackend(const TrainSession& s) : cfg_(s.cfg), comm_(*s.comm), model_(s.cfg.model) {
+    if (fp8_gemms_from_config() != Fp8Gemms::off) {
+      throw ght::config_error("GHT_FP8=" + config::cfg().get_string(config::Key::GHT_FP8) +
+                              ": FP8 GEMMs run on the cuda backend only, and this run uses the cpu backend; "
+                              "unset GHT_FP8 (or set it to off)");
+    }
     if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);
     // ZeRO-1: with N > 1 data-parallel ranks each holds one contiguous 1/N of master, m and v.
     if (comm_.size() > 1 && !cfg_.diloco.on() && cfg_.dist.sharded()) {

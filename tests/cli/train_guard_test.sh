@@ -20,6 +20,14 @@ grep -q -- "--data" "$work/err.txt" || { cat "$work/err.txt"; fail "no mention o
 [ ! -e "$work/bad" ] || fail "a run without --data created its run directory"
 echo "bad flags and a missing --data refused"
 
+# FP8 GEMMs are the cuda backend's: the cpu backend refuses GHT_FP8=experts, naming it.
+if GHT_FP8=experts "$ght" train "${args[@]}" --backend cpu --out "$work/fp8" --steps 2 >/dev/null 2>"$work/err.txt"; then
+  fail "GHT_FP8=experts ran on the cpu backend"
+fi
+{ grep -q "GHT_FP8=experts" "$work/err.txt" && grep -q "cuda backend" "$work/err.txt"; } ||
+  { cat "$work/err.txt"; fail "the FP8 refusal does not name GHT_FP8 and the cuda backend"; }
+echo "GHT_FP8=experts refused on the cpu backend"
+
 # A second run on the same directory while the first holds it.
 "$ght" train "${args[@]}" --out "$work/run" --steps 100000 > "$work/first.log" 2>&1 &
 pid=$!
