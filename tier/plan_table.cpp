@@ -203,6 +203,10 @@ std::string Plan::format_table(bool explain) const {
        << "                triad from " << host_triad_origin(o.link) << ";\n"
        << "                host memory shared with the link, not in the step above; GHT_OPTIMIZER=split runs\n"
        << "                both paths at once at this share, GHT_OPT_CPU_SHARE forces another)\n";
+    if (o.speculation_hbm_bytes > 0) {
+      os << "  undo arena    " << gib(o.speculation_hbm_bytes)
+         << " in HBM (GHT_OPT_SPECULATE): updates start during the last backward, in the window below\n";
+    }
   }
   os << "  recompute     " << secs(p.recompute_seconds) << "\n";
   if (p.hbm_pass_seconds > 0) {
