@@ -255,8 +255,13 @@ std::string format_search(const SearchResult& r, double tokens_per_step, double 
   const auto planned = std::count_if(r.candidates.begin(), r.candidates.end(), [](const Candidate& c) { return c.planned; });
   out += ", tolerance " + r.tolerance.describe() + "; " + std::to_string(planned) + " planned in " +
          fixed(r.search_seconds, 2) + " s\n";
-  char line[512];
-  std::snprintf(line, sizeof line, "  %-4s %-44s %7s %7s %7s %7s %7s %8s %8s %8s %6s  %s\n", "", "settings",
+  // The settings column as wide as the longest row shown (44 at least), so the numbers line up.
+  int width = 44;
+  for (std::size_t i = 0, n = 0; i < r.candidates.size() && n <= alternatives && r.candidates[i].plan; ++i, ++n) {
+    width = std::max(width, static_cast<int>(r.candidates[i].changes(r.dimensions).size()));
+  }
+  char line[768];
+  std::snprintf(line, sizeof line, "  %-4s %-*s %7s %7s %7s %7s %7s %8s %8s %8s %6s  %s\n", "", width, "settings",
                 "HBM GiB", "hostGiB", "fwd s", "bwd s", "upd s", "link GB", "step s", "tok/s", "MFU", "gives up");
   out += line;
   std::size_t shown = 0;
@@ -267,8 +272,8 @@ std::string format_search(const SearchResult& r, double tokens_per_step, double 
     const Phases f = predicted_phases(p);
     const double flops = c.plan->options().step_flops;
     const std::string tag = r.chosen && *r.chosen == i ? "=>" : (c.admitted ? "" : "no");
-    std::snprintf(line, sizeof line, "  %-4s %-44s %7s %7s %7s %7s %7s %8s %8s %8.0f %5s%%  %s\n", tag.c_str(),
-                  c.changes(r.dimensions).c_str(), gib(p.hbm_bytes).c_str(), gib(p.host_bytes).c_str(),
+    std::snprintf(line, sizeof line, "  %-4s %-*s %7s %7s %7s %7s %7s %8s %8s %8.0f %5s%%  %s\n", tag.c_str(),
+                  width, c.changes(r.dimensions).c_str(), gib(p.hbm_bytes).c_str(), gib(p.host_bytes).c_str(),
                   fixed(f.forward, 2).c_str(), fixed(f.backward, 2).c_str(), fixed(f.exposed_update, 2).c_str(),
                   fixed((p.h2d_bytes + p.d2h_bytes) / 1e9, 1).c_str(), fixed(f.step, 2).c_str(),
                   tokens_per_step / f.step, fixed(100 * flops / f.step / peak_flops, 1).c_str(),
