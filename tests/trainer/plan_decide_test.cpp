@@ -300,7 +300,7 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
   "steps": 1000, "lr": 5e-4, "exact_seeds": 3, "eval_loss_delta": 0.001, "noise_band": 0.008, "within_noise": true,
   "measured": "2026-12-07", "source": "test"})");
   std::ofstream(ledger) << text;
-  const tier::PlanOptions priced = machine(kH200, c, {});
+  const tier::PlanOptions priced = machine(kH200, c, {"GHT_ASSUMED_FP8_GEMM=1.6"});  // a saving past 1%
   config::cfg().set_flag("GHT_PLAN_LEDGER", ledger.string());
   const DecidedPlan d = decide_plan(c, priced, PlanScope{});
   fs::remove(ledger);
