@@ -421,7 +421,8 @@ std::uint64_t auto_speculation_bytes(const ModelConfig& c, const tier::PlanOptio
   const double link = std::min(o.link.h2d_bps, o.link.d2h_bps);
   if (o.link.kind == ght::LinkKind::none || link <= 0 || o.assumed_tflops <= 0) return 0;
   const double rho = o.backward_ratio;
-  const double layers = o.timed_step_flops() / (o.assumed_tflops * 1e12) * rho / (1 + rho);
+  // The backward is the bf16 layers' rho / (1 + rho) share: FP8's saving is the forward's (plan.cpp).
+  const double layers = o.step_flops / (o.assumed_tflops * 1e12) * rho / (1 + rho);
   const double last_backward = (layers + o.head_seconds()) / c.grad_accum;
   const double state = optimizer::state_bytes_per_param(optimizer::state_type_from_config());
   const double params = std::min(last_backward * link / state, static_cast<double>(c.total_params()));

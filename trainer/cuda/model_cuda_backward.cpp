@@ -20,7 +20,7 @@ void CudaMoEModel::Impl::backward_body(float loss_scale) {
       op("recompute: input_layernorm", l);
       kc::rmsnorm_forward(r.ln1, r.ln1_rstd, r.resid, W + lo[static_cast<std::size_t>(l)].ln1, N,
                           static_cast<int>(d), static_cast<float>(cfg.rms_eps), stream);
-      layer_forward(l, r, scratch_losses + l, false);
+      layer_forward(l, r, scratch_losses + l, false, false);  // the forward's FP8 copies serve
       a = &r;
     }
     layer_backward<GT>(l, *a, loss_scale);

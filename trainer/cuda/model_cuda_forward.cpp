@@ -78,7 +78,8 @@ kc::AttentionShape CudaMoEModel::Impl::att_shape() const {
 
 // Layer l from a.ln1 (and a.resid) to the expert outputs a.yp; with `combine`, the MoE output
 // (N, d) lands in tmp_d.
-void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* losses, bool combine) {
+void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* losses, bool combine,
+                                       bool quantize_weights) {
   const LayerOff& x = lo[static_cast<std::size_t>(l)];
   const std::int64_t N = tokens_n(), NK = N * K;
   const float eps = static_cast<float>(cfg.rms_eps);
@@ -127,7 +128,7 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
     a.host_offsets.clear();
   }
   if (opts.fp8_experts) {
-    if (fp8_requant) fp8_quantize_weights(l);
+    if (quantize_weights) fp8_quantize_weights(l);
     op("expert gate_up grouped GEMM (FP8)", l);
     fp8_grouped_m(l, a, true, big, a.gu);
   } else {
@@ -152,10 +153,10 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
 
 // Everything up to the final norm output lnf. losses: (L) device router losses.
 // With FP8 experts and changed weights, each layer quantises its expert weights first (recomputed
-// layers in backward reuse those copies: fp8_requant is off again by then).
+// layers in backward reuse those copies).
 void CudaMoEModel::Impl::trunk(kc::RouterLossesDevice* losses) {
   const std::int64_t N = tokens_n();
-  fp8_requant = opts.fp8_experts && fp8_stale;
+  const bool quantize_weights = opts.fp8_experts && fp8_stale;
   const float eps = static_cast<float>(cfg.rms_eps);
   hook_forward(0);
   op("embedding forward");
@@ -168,7 +169,7 @@ void CudaMoEModel::Impl::trunk(kc::RouterLossesDevice* losses) {
       op("input_layernorm", 0);
       kc::rmsnorm_forward(a.ln1, a.ln1_rstd, a.resid, W + lo[0].ln1, N, static_cast<int>(d), eps, stream);
     }
-    layer_forward(l, a, losses + l, true);
+    layer_forward(l, a, losses + l, true, quantize_weights);
     // The residual add is fused with the next norm, whose weight belongs to the next unit.
     hook_forward(l + 2);
     if (l + 1 < cfg.layers) {
@@ -183,7 +184,6 @@ void CudaMoEModel::Impl::trunk(kc::RouterLossesDevice* losses) {
                                          static_cast<int>(d), eps, stream);
     }
   }
-  fp8_requant = false;
 }
 
 // The activations layer l writes in forward: its own, or the shared recompute set with its own

@@ -20,38 +20,41 @@ void CudaMoEModel::Impl::fp8_setup() {
 }
 
 // Layer l's copies: every expert's gate/up rows (2F, d), then every expert's down rows (d, F),
-// each group packed; the scales in the same order. Each expert's weights sit 3·d·F apart in W.
-void CudaMoEModel::Impl::fp8_quantize_weights(int l) {
+// each group packed; the scales in the same order; layer after layer.
+CudaMoEModel::Impl::Fp8LayerCopies CudaMoEModel::Impl::fp8_layer(int l) const {
   const auto ul = static_cast<std::size_t>(l);
   const auto ue = static_cast<std::size_t>(E);
   const std::size_t gu_codes = ue * static_cast<std::size_t>(2 * F * d);
-  const std::size_t layer_codes = ue * static_cast<std::size_t>(3 * F * d);
   const std::size_t gu_scales = ue * fp8_gate_up_scales(cfg);
   const std::size_t layer_scales = gu_scales + ue * fp8_down_scales(cfg);
-  __nv_fp8_e4m3* codes = fp8_w + ul * layer_codes;
-  float* scales = fp8_w_scales + ul * layer_scales;
-  const bf16* w = W + lo[ul].expert0;
+  Fp8LayerCopies c;
+  c.gate_up = fp8_w + ul * ue * static_cast<std::size_t>(3 * F * d);
+  c.down = c.gate_up + gu_codes;
+  c.gate_up_scales = fp8_w_scales + ul * layer_scales;
+  c.down_scales = c.gate_up_scales + gu_scales;
+  return c;
+}
+
+// Each expert's weights sit 3·d·F apart in W: gate/up rows first, then down.
+void CudaMoEModel::Impl::fp8_quantize_weights(int l) {
+  const Fp8LayerCopies c = fp8_layer(l);
+  const bf16* w = W + lo[static_cast<std::size_t>(l)].expert0;
   const std::int64_t stride = 3 * d * F;
   op("FP8 expert weight quantisation", l);
-  kc::quantize_fp8_blocks(codes, scales, w, static_cast<int>(E), 2 * F, d, d, stride, stream);
-  kc::quantize_fp8_blocks(codes + gu_codes, scales + gu_scales, w + 2 * d * F, static_cast<int>(E), d, F, F,
-                          stride, stream);
+  kc::quantize_fp8_blocks(c.gate_up, c.gate_up_scales, w, static_cast<int>(E), 2 * F, d, d, stride, stream);
+  kc::quantize_fp8_blocks(c.down, c.down_scales, w + 2 * d * F, static_cast<int>(E), d, F, F, stride, stream);
 }
 
 void CudaMoEModel::Impl::fp8_grouped_m(int l, const Acts& a, bool gate_up, const bf16* A, bf16* C) {
-  const auto ul = static_cast<std::size_t>(l);
-  const auto ue = static_cast<std::size_t>(E);
-  const std::size_t layer_codes = ue * static_cast<std::size_t>(3 * F * d);
-  const std::size_t gu_scales = ue * fp8_gate_up_scales(cfg);
-  const std::size_t layer_scales = gu_scales + ue * fp8_down_scales(cfg);
+  const Fp8LayerCopies c = fp8_layer(l);
   kc::Fp8GroupedGemmVarM g;
   g.n = gate_up ? 2 * F : d;
   g.k = gate_up ? d : F;
   kc::quantize_fp8_rows(fp8_act, fp8_act_scales, A, tokens_n() * K, g.k, 0, stream);
   g.a = fp8_act;
   g.a_scales = fp8_act_scales;
-  g.b = fp8_w + ul * layer_codes + (gate_up ? 0 : ue * static_cast<std::size_t>(2 * F * d));
-  g.b_scales = fp8_w_scales + ul * layer_scales + (gate_up ? 0 : gu_scales);
+  g.b = gate_up ? c.gate_up : c.down;
+  g.b_scales = gate_up ? c.gate_up_scales : c.down_scales;
   g.c = C;
   kc::grouped_gemm_fp8(g, offsets_of(a), stream);
 }

@@ -117,8 +117,7 @@ struct CudaMoEModel::Impl {
   float* fp8_w_scales = nullptr;
   __nv_fp8_e4m3* fp8_act = nullptr;
   float* fp8_act_scales = nullptr;
-  bool fp8_stale = true;     // the weights changed since their FP8 copies were made
-  bool fp8_requant = false;  // the forward running now re-quantises them (trunk only, not recompute)
+  bool fp8_stale = true;  // the weights changed since their FP8 copies were made
 
   std::size_t slot_bytes = 0;
   char* slot_dev = nullptr;
@@ -248,6 +247,12 @@ struct CudaMoEModel::Impl {
 
   // ---- FP8 experts (model_cuda_fp8.cpp) ----
   void fp8_setup();
+  // Layer l's FP8 weight copies: gate/up and down codes and their block scales.
+  struct Fp8LayerCopies {
+    __nv_fp8_e4m3 *gate_up = nullptr, *down = nullptr;
+    float *gate_up_scales = nullptr, *down_scales = nullptr;
+  };
+  [[nodiscard]] Fp8LayerCopies fp8_layer(int l) const;
   void fp8_quantize_weights(int l);
   // var-M in FP8: C[rows_e] = Â[rows_e]·B̂_e^T with A (R, k) quantised into fp8_act first; B is
   // layer l's gate/up (gate_up true: n = 2F, k = d) or down (n = d, k = F) copy.
@@ -256,7 +261,8 @@ struct CudaMoEModel::Impl {
   kc::AttentionShape att_shape() const;
 
   // ---- forward ----
-  void layer_forward(int l, Acts& a, kc::RouterLossesDevice* losses, bool combine);
+  // quantize_weights: make layer l's FP8 expert weight copies first (FP8 experts only).
+  void layer_forward(int l, Acts& a, kc::RouterLossesDevice* losses, bool combine, bool quantize_weights);
 
   void trunk(kc::RouterLossesDevice* losses);
 
