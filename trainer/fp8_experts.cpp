@@ -4,6 +4,9 @@
 #include <cstdint>
 
 #include "tier/config.hpp"
+#ifdef GHT_HAVE_CUDA
+#include "kernels/cuda/expert_gemm_fp8.hpp"
+#endif
 
 namespace ght::trainer {
 
@@ -27,6 +30,22 @@ Fp8Gemms fp8_gemms_from_config() {
 std::size_t fp8_gate_up_scales(const ModelConfig& c) { return tiles(2 * std::int64_t{c.expert_ffn}) * tiles(c.d_model); }
 
 std::size_t fp8_down_scales(const ModelConfig& c) { return tiles(c.d_model) * tiles(c.expert_ffn); }
+
+std::string fp8_shape_refusal(const ModelConfig& c) {
+  constexpr std::int64_t kUnit = 16;  // kernels/cuda/expert_gemm_fp8.hpp: k and n in 16-byte e4m3 rows
+  if (c.experts <= 0) return "model " + c.name + " has no experts";
+  if (c.d_model % kUnit != 0) return "d_model " + std::to_string(c.d_model) + " is not a multiple of 16";
+  if (c.expert_ffn % kUnit != 0) return "expert_ffn " + std::to_string(c.expert_ffn) + " is not a multiple of 16";
+  return {};
+}
+
+std::string fp8_unavailable_here() {
+#ifdef GHT_HAVE_CUDA
+  return ght::kernels::cuda::fp8_gemm_unavailable_reason();
+#else
+  return "this build has no CUDA";
+#endif
+}
 
 Fp8ExpertSizes fp8_expert_sizes(const ModelConfig& c, std::int64_t tokens) {
   const auto experts = static_cast<std::size_t>(c.layers) * static_cast<std::size_t>(c.experts);

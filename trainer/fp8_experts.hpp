@@ -16,6 +16,7 @@
  */
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "tier/plan.hpp"
 #include "trainer/model_config.hpp"
@@ -25,6 +26,15 @@ namespace ght::trainer {
 /// Which GEMMs run in FP8 (GHT_FP8).
 enum class Fp8Gemms { off, experts };
 [[nodiscard]] Fp8Gemms fp8_gemms_from_config();
+
+/// Why the FP8 expert GEMMs cannot take this model's shapes (the grouped GEMM reads e4m3 rows in
+/// 16-byte units: d_model and expert_ffn must be multiples of 16), naming the field; empty when
+/// they can.
+[[nodiscard]] std::string fp8_shape_refusal(const ModelConfig& cfg);
+
+/// Why this process cannot run the FP8 expert GEMMs (a build without CUDA or CUTLASS, no CUDA
+/// device, a device that is not sm_90); empty when it can.
+[[nodiscard]] std::string fp8_unavailable_here();
 
 /// Device bytes of the FP8 expert forward for micro-batches of `tokens` tokens (0 =
 /// cfg.micro_batch x cfg.seq_len).

@@ -5,6 +5,7 @@
 
 #include "tier/config.hpp"
 #include "trainer/cuda/op_costs.hpp"  // Roofline (pure C++)
+#include "trainer/fp8_experts.hpp"
 
 namespace ght::trainer {
 
@@ -80,6 +81,12 @@ std::string refusal(const ModelConfig& cfg, const tier::PlanOptions& base, const
 
 }  // namespace
 
+PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay) {
+  PlanScope s{ranks, allow_delay};
+  s.fp8 = fp8_shape_refusal(cfg).empty() && fp8_unavailable_here().empty();
+  return s;
+}
+
 double plan_peak_flops() { return Roofline::bf16_dense_datasheet_flops; }
 
 std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, const PlanScope& scope,
@@ -101,11 +108,11 @@ std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, c
   if (gpu && scope.ranks == 1) {
     dims.push_back(tier::make_dimension(reg, "GHT_OPT_SPECULATE", "undo arena", {{"", true}, {"0", true}}, honour_pins));
   }
-  // FP8 is searched where the user set GHT_FP8 or the ledger prices it: without a verdict no
-  // tolerance admits it, and listing it among the plans that fit would offer what may not run here
-  // (it needs CUTLASS and an sm_90 GPU).
+  // FP8 is searched where the user set GHT_FP8, or where it can run (scope.fp8: CUTLASS, an sm_90
+  // GPU, the model's shapes) and the ledger prices it: without a verdict no tolerance admits it, and
+  // listing what cannot run here among the plans that fit would offer a setting that fails.
   const bool fp8_set = reg.source(config::Key::GHT_FP8) > config::Source::Plan;
-  if (gpu && (fp8_set || tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr)) {
+  if (gpu && (fp8_set || (scope.fp8 && tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr))) {
     dims.push_back(tier::make_dimension(reg, "GHT_FP8", "FP8", {{"off", true}, {"experts", false}}, honour_pins));
   }
   return dims;

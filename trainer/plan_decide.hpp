@@ -33,7 +33,14 @@ namespace ght::trainer {
 struct PlanScope {
   int ranks = 1;             ///< data-parallel ranks sharding the optimizer state (ZeRO-1)
   bool allow_delay = true;   ///< false where the run cannot delay its update (DiLoCo, CPU backend)
+  /// The FP8 expert GEMMs can run where this plan trains, on this model (fp8_unavailable_here() and
+  /// fp8_shape_refusal() both empty): only then does the search try GHT_FP8 unless the user set it.
+  bool fp8 = false;
 };
+
+/// The scope of a run of `cfg` in this process: `ranks` as given, the delay allowed where asked, and
+/// FP8 where this process and the model's shapes can run it.
+[[nodiscard]] PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay);
 
 /// The dimensions searched under `options` (link kind) and `scope`, pinned by the registry's
 /// user-set values (all values searched with `honour_pins` false).

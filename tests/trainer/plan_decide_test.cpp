@@ -302,10 +302,31 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
   std::ofstream(ledger) << text;
   const tier::PlanOptions priced = machine(kH200, c, {"GHT_ASSUMED_FP8_GEMM=1.6"});  // a saving past 1%
   config::cfg().set_flag("GHT_PLAN_LEDGER", ledger.string());
-  const DecidedPlan d = decide_plan(c, priced, PlanScope{});
+  // Where FP8 cannot run (no CUTLASS, no sm_90 GPU, shapes the GEMM cannot take) the verdict does
+  // not put it on the menu.
+  for (const tier::Dimension& dim : plan_dimensions(priced, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
+  PlanScope can_run;
+  can_run.fp8 = true;
+  const DecidedPlan d = decide_plan(c, priced, can_run);
   fs::remove(ledger);
   EXPECT_EQ(config::cfg().get_string(config::Key::GHT_FP8), "experts") << d.table(c);
   EXPECT_EQ(config::cfg().source(config::Key::GHT_FP8), config::Source::Plan);
+}
+
+TEST_F(PlanDecide, Fp8IsNotSearchedForShapesTheGemmCannotTake) {
+  ModelConfig c = preset("bench-h200");
+  c.expert_ffn = 808;  // not a multiple of 16
+  EXPECT_NE(fp8_shape_refusal(c).find("expert_ffn 808"), std::string::npos) << fp8_shape_refusal(c);
+  EXPECT_FALSE(local_plan_scope(c, 1, true).fp8);
+  c.expert_ffn = 800;
+  c.d_model = 4100;
+  EXPECT_NE(fp8_shape_refusal(c).find("d_model 4100"), std::string::npos) << fp8_shape_refusal(c);
+  c.d_model = 4096;
+  EXPECT_EQ(fp8_shape_refusal(c), "");
+  // This process's answer, whatever it is, is the scope's (with shapes the GEMM takes).
+  EXPECT_EQ(local_plan_scope(c, 2, false).fp8, fp8_unavailable_here().empty()) << fp8_unavailable_here();
+  EXPECT_EQ(local_plan_scope(c, 2, false).ranks, 2);
+  EXPECT_FALSE(local_plan_scope(c, 2, false).allow_delay);
 }
 
 }  // namespace

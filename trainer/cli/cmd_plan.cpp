@@ -232,7 +232,10 @@ void run(const PlanArgs& a) {
   }
   // As `ght train` plans: the search over precision and schedule, each candidate with the
   // trainer's fixed HBM costs and the LM-head chunk from free HBM (a note of the plan says which).
-  const ght::trainer::PlanScope scope{a.ranks, true};
+  // FP8 is searched where this machine runs it; a --profile plans for another machine, where the
+  // user pins GHT_FP8 to see it.
+  const ght::trainer::PlanScope scope =
+      a.profile.empty() ? ght::trainer::local_plan_scope(*trainer_cfg, a.ranks, true) : ght::trainer::PlanScope{a.ranks, true};
   const ght::tier::Measurements* m = measured ? &*measured : nullptr;
   if (a.search_json) {
     const auto s = ght::trainer::search_model_plans(*trainer_cfg, options, scope, m);

@@ -13,6 +13,10 @@ void CudaMoEModel::Impl::fp8_setup() {
     throw ght::config_error("GHT_FP8=experts: FP8 GEMMs cannot run here: " + kc::fp8_gemm_unavailable_reason() +
                             "; unset GHT_FP8 (or set it to off) to train in bf16");
   }
+  if (const std::string why = fp8_shape_refusal(cfg); !why.empty()) {
+    throw ght::config_error("GHT_FP8=experts: the FP8 expert GEMMs cannot take this model: " + why +
+                            "; unset GHT_FP8 (or set it to off) to train in bf16");
+  }
   const Fp8ExpertSizes s = fp8_expert_sizes(cfg);
   fp8_w = as<__nv_fp8_e4m3>(alloc(s.weight_codes, kWork, "FP8 expert weight codes"));
   fp8_w_scales = as<float>(alloc(s.weight_scales, kWork, "FP8 expert weight scales"));

@@ -80,7 +80,7 @@ std::int64_t CudaRun::plan_placement() {
   const ModelConfig& mc = cfg_.model;
   alloc_ = alloc::make_default_tiered_allocator();
   plan_base_ = run_plan_options(mc, *alloc_);
-  plan_scope_ = PlanScope{zero1() ? s_.comm->size() : 1, !cfg_.diloco.on()};
+  plan_scope_ = local_plan_scope(mc, zero1() ? s_.comm->size() : 1, !cfg_.diloco.on());
   const std::optional<tier::Measurements> measured = tier::configured_measurements();
   DecidedPlan decided = decide_plan(mc, plan_base_, plan_scope_, measured ? &*measured : nullptr);
   plan_settings_ = decided.search.best().settings;
