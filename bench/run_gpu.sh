@@ -118,12 +118,15 @@ if want trace; then
 fi
 
 if want fp8; then
-  # The FP8 paths' GPU tests (quantisation bit for bit against the CPU, the grouped GEMM against its
-  # dequantised reference, the model's FP8 experts against bf16), then the grouped GEMM against bf16
+  # The FP8 paths' GPU tests (quantisation bit for bit against the CPU, the fused quantisation in the
+  # permutation's scatter and in SwiGLU bit for bit against the unfused kernels, the router without
+  # its gather, the grouped GEMM against its dequantised reference, the model's FP8 experts against
+  # bf16), then the grouped GEMM against bf16
   # at seed-21b's expert shapes.
   fp8() {
     local rc=0 t
-    for t in kernels_cuda_fp8_test kernels_cuda_fp8_gemm_test trainer_cuda_model_fp8_test; do
+    for t in kernels_cuda_fp8_test kernels_cuda_fp8_fused_test kernels_cuda_fp8_gemm_test kernels_cuda_router_test \
+             kernels_cuda_swiglu_test trainer_cuda_model_fp8_test; do
       build-gpu/bin/$t --gtest_brief=1 || rc=1
     done
     build-gpu/bin/bench_fp8_grouped --iters 30 --json "$res/bench_fp8_grouped.json" || rc=1

@@ -10,8 +10,10 @@
  *   - weights: quantised once per step, at the first forward of each layer after the weights
  *     changed, per 128 x 128 block, into FP8 copies that every layer keeps in HBM until the next
  *     update (1 B per expert weight, 4 B per block scale);
- *   - activations: the permuted input and the SwiGLU output, quantised per 1 x 128 tile before each
- *     GEMM into one shared buffer (its largest use: R x max(d, F) codes).
+ *   - activations: per 1 x 128 tile, into one shared buffer (its largest use: R x max(d, F) codes),
+ *     by the kernels that make them: the permutation scatters each token's codes to its K rows
+ *     (no bf16 copy in expert order: the backward gathers its own), and SwiGLU writes its output's
+ *     codes beside the bf16 one that the backward keeps.
  * The backward is unchanged: bf16 GEMMs on the bf16 weights and the saved bf16 activations.
  */
 #include <cstddef>

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/fp8_tile.cuh"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
 
@@ -14,90 +15,50 @@ namespace {
 
 using detail::bf16;
 
-constexpr float kE4m3Max = 448.0f;
-constexpr int kChunk = 8;                       // elements per thread and load
-constexpr int kLanesPerTile = kFp8TileK / kChunk;  // 16: half a warp covers one tile row
-
-// max that keeps a NaN (fmaxf drops it), so a NaN anywhere in a tile reaches its scale.
-__device__ __forceinline__ float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
-
-// Max over the 16 lanes of a half warp; every lane of the warp must call it.
-__device__ __forceinline__ float half_warp_max(float v) {
-#pragma unroll
-  for (int o = kLanesPerTile / 2; o > 0; o /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// The CPU reference's arithmetic (kernels/cpu/fp8.cpp), with explicit round-to-nearest
-// intrinsics so that no compiler flag can turn the divisions into reciprocals or fuse the product.
-__device__ __forceinline__ float inverse_scale(float amax) { return amax > 0.0f ? __fdiv_rn(kE4m3Max, amax) : 0.0f; }
-__device__ __forceinline__ float scale_of(float amax) { return __fdiv_rn(amax, kE4m3Max); }
-__device__ __forceinline__ std::uint8_t encode(float x, float inv) {
-  return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(__fmul_rn(x, inv), __NV_SATFINITE, __NV_E4M3));
-}
-
-// Up to 8 consecutive values from p (n of them valid; the rest read as 0), one 16-byte load when
-// VEC (n == 8 and p 16-byte aligned, which the launcher guarantees).
-template <bool VEC>
-__device__ __forceinline__ void load_chunk(const bf16* p, int n, float (&v)[kChunk]) {
-  if constexpr (VEC) {
-    detail::load8(p, v);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) v[i] = i < n ? __bfloat162float(p[i]) : 0.0f;
-  }
-}
-
-template <bool VEC>
-__device__ __forceinline__ void store_chunk(std::uint8_t* p, int n, const std::uint8_t (&c)[kChunk]) {
-  if constexpr (VEC) {
-    uint2 pk;
-    pk.x = c[0] | (c[1] << 8) | (c[2] << 16) | (static_cast<std::uint32_t>(c[3]) << 24);
-    pk.y = c[4] | (c[5] << 8) | (c[6] << 16) | (static_cast<std::uint32_t>(c[7]) << 24);
-    *reinterpret_cast<uint2*>(p) = pk;
-  } else {
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i)
-      if (i < n) p[i] = c[i];
-  }
-}
+using detail::encode;
+using detail::inverse_scale;
+using detail::kChunk;
+using detail::kLanesPerTile;
+using detail::load_chunk;
+using detail::nan_max;
+using detail::scale_of;
+using detail::store_chunk;
 
 // 1 x 128 tiles: half a warp per tile, 8 values per lane. Tiles are numbered row-major over
 // (rows, across); a warp takes tiles 2w and 2w+1 so both halves run the same loop.
-template <bool VEC>
+// SCATTER: tile row a is assignment a, read from x row a / K and written to row dst_row[a]
+// (skipped when negative). Tiles run in assignment order, so the K assignments of one token are
+// neighbours in the grid and x is read about once from HBM (as permute.cu's scatter_rows_kernel).
+template <bool VEC, bool SCATTER>
 __global__ void quantize_rows_kernel(std::uint8_t* __restrict__ codes, float* __restrict__ scales,
                                      const bf16* __restrict__ x, std::int64_t rows, std::int64_t cols,
-                                     std::int64_t ldx, std::int64_t across) {
+                                     std::int64_t ldx, std::int64_t across,
+                                     const std::int32_t* __restrict__ dst_row, int K) {
   const std::int64_t tiles = rows * across;
   const int half = (threadIdx.x % detail::kWarp) / kLanesPerTile, lane = threadIdx.x % kLanesPerTile;
   const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
   for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
        2 * w < tiles; w += warps_total) {
     const std::int64_t t = 2 * w + half;
-    const bool valid = t < tiles;
-    const std::int64_t r = valid ? t / across : 0, tc = valid ? t % across : 0;
+    bool valid = t < tiles;
+    const std::int64_t a = valid ? t / across : 0, tc = valid ? t % across : 0;
+    std::int64_t src = a, dst = a;
+    if constexpr (SCATTER) {
+      dst = valid ? dst_row[a] : -1;
+      valid = dst >= 0;
+      dst = valid ? dst : 0;
+      src = a / K;
+    }
     const std::int64_t c = tc * kFp8TileK + lane * kChunk;
     const int n = valid ? static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(kChunk, cols - c))) : 0;
     float v[kChunk];
     if (n > 0) {
-      load_chunk<VEC>(x + r * ldx + c, n, v);
+      load_chunk<VEC>(x + src * ldx + c, n, v);
     } else {
 #pragma unroll
       for (int i = 0; i < kChunk; ++i) v[i] = 0.0f;
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) amax = nan_max(amax, fabsf(v[i]));
-    amax = half_warp_max(amax);
-    if (!valid) continue;
-    const float inv = inverse_scale(amax);
-    if (lane == 0) scales[t] = scale_of(amax);
-    if (n > 0) {
-      std::uint8_t q[kChunk];
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) q[i] = encode(v[i], inv);
-      store_chunk<VEC>(codes + r * cols + c, n, q);
-    }
+    detail::quantize_tile_chunk<VEC>(v, n, valid, codes + dst * cols + c, scales + dst * across + tc);
   }
 }
 
@@ -165,7 +126,7 @@ __global__ void dequantize_kernel(float* __restrict__ out, const std::uint8_t* _
   }
 }
 
-bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+using detail::aligned;
 
 unsigned grid_for(std::int64_t work, std::int64_t per_block) {
   return static_cast<unsigned>(std::clamp<std::int64_t>(detail::ceil_div(work, per_block), 1, std::int64_t{1} << 20));
@@ -184,9 +145,32 @@ void quantize_fp8_rows(__nv_fp8_e4m3* codes, float* scales, const __nv_bfloat16*
   auto* out = reinterpret_cast<std::uint8_t*>(codes);
   const unsigned grid = grid_for(rows * across, 2 * (kBlockThreads / detail::kWarp));
   if (vec) {
-    quantize_rows_kernel<true><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, rows, cols, ldx, across);
+    quantize_rows_kernel<true, false><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, rows, cols, ldx, across, nullptr, 1);
   } else {
-    quantize_rows_kernel<false><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, rows, cols, ldx, across);
+    quantize_rows_kernel<false, false><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, rows, cols, ldx, across, nullptr, 1);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void quantize_fp8_rows_scatter(__nv_fp8_e4m3* codes, float* scales, const __nv_bfloat16* x,
+                               const std::int32_t* dst_row, std::int64_t N, int K, std::int64_t cols,
+                               cudaStream_t stream) {
+  GHT_EXPECTS(N >= 0 && K >= 1 && cols >= 0, "quantize_fp8_rows_scatter: need N >= 0, K >= 1, cols >= 0, got N=" +
+                                                  std::to_string(N) + " K=" + std::to_string(K) +
+                                                  " cols=" + std::to_string(cols));
+  GHT_EXPECTS(N * K <= 0x7fffffff, "quantize_fp8_rows_scatter: N·K=" + std::to_string(N * K) +
+                                       " exceeds int32 row ids");
+  const std::int64_t A = N * K;
+  if (A == 0 || cols == 0) return;
+  GHT_EXPECTS(codes && scales && x && dst_row, "quantize_fp8_rows_scatter: null pointer");
+  const std::int64_t across = detail::ceil_div(cols, kFp8TileK);
+  const bool vec = cols % kChunk == 0 && aligned(x, 16) && aligned(codes, 8);
+  auto* out = reinterpret_cast<std::uint8_t*>(codes);
+  const unsigned grid = grid_for(A * across, 2 * (kBlockThreads / detail::kWarp));
+  if (vec) {
+    quantize_rows_kernel<true, true><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, A, cols, cols, across, dst_row, K);
+  } else {
+    quantize_rows_kernel<false, true><<<grid, kBlockThreads, 0, stream>>>(out, scales, x, A, cols, cols, across, dst_row, K);
   }
   GHT_CUDA_CHECK_LAUNCH();
 }

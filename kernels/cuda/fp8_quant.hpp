@@ -17,6 +17,10 @@
  * (the CPU reference throws instead; a kernel cannot): NaN when the tile holds a NaN, else +inf.
  *
  * FLOPs ≈ 3 per element. Bytes: 2 read + 1 written per element, plus 4 per tile (scales).
+ *
+ * Fused forms, so that the FP8 experts' activations need no pass of their own over HBM:
+ * quantize_fp8_rows_scatter below (the token permutation's scatter) and swiglu_forward_fp8
+ * (kernels/cuda/swiglu.hpp). Both write the same bits as quantize_fp8_rows on their bf16 output.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -38,6 +42,27 @@ inline constexpr int kFp8TileK = 128;
  */
 void quantize_fp8_rows(__nv_fp8_e4m3* codes, float* scales, const __nv_bfloat16* x, std::int64_t rows,
                        std::int64_t cols, std::int64_t ldx, cudaStream_t stream);
+
+/**
+ * @brief moe_permute_forward_by_token (kernels/cuda/permute.hpp) and quantize_fp8_rows, fused:
+ * codes and scales row dst_row[a] are the 1 x 128 quantisation of x row a / K, for every
+ * assignment a = t·K + k in [0, N·K) with dst_row[a] >= 0 (negative: not placed, skipped),
+ * bit-identical to the two calls; the bf16 xp is never written. The K assignments of a token run
+ * side by side, so x is read about once from HBM.
+ *
+ * FLOPs ≈ 3 per placed element. Bytes: 2·N·cols read, per placed row cols codes +
+ * 4·ceil(cols/128) scales written, 4·N·K of dst_row; the two calls move 4·N·K·cols more (xp
+ * written and read back).
+ * @param codes (rows, cols) e4m3, the placed rows overwritten (rows >= the largest dst_row + 1)
+ * @param scales (rows, ceil(cols/128)) fp32, the placed rows overwritten
+ * @param x (N, cols) row-major, packed
+ * @param dst_row (N·K) assignment -> row, as moe_permute_plan writes it
+ * @throws ght::logic_error on bad sizes (N·K must fit int32) or a null pointer; ght::cuda_error
+ *         when the launch fails
+ */
+void quantize_fp8_rows_scatter(__nv_fp8_e4m3* codes, float* scales, const __nv_bfloat16* x,
+                               const std::int32_t* dst_row, std::int64_t N, int K, std::int64_t cols,
+                               cudaStream_t stream);
 
 /**
  * @brief Quantise `groups` weights w_g (rows, cols) with one scale per 128 x 128 block.

@@ -178,7 +178,8 @@ __global__ void router_finish_kernel(RouterLossesDevice* __restrict__ losses,
 constexpr int kScatterThreads = 512;
 
 // Block b places the assignments of its tokens [b·tpb, ...) (detail::place_round, in
-// rounds of 512 from the tile's first rows) and gathers their rows: xp[r] = x[t], warp per row.
+// rounds of 512 from the tile's first rows) and gathers their rows: xp[r] = x[t], warp per row
+// (no gather when xp is null).
 template <int VEC>
 __global__ void route_scatter_gather_kernel(const std::int32_t* __restrict__ idx, std::int64_t N,
                                             std::int64_t tpb, int K, int E,
@@ -197,8 +198,10 @@ __global__ void route_scatter_gather_kernel(const std::int32_t* __restrict__ idx
   const std::int64_t t0 = static_cast<std::int64_t>(blockIdx.x) * tpb;
   const std::int64_t a0 = t0 * K, a1 = (t0 + tpb < N ? t0 + tpb : N) * K;
   for (std::int64_t r0 = a0; r0 < a1; r0 += kScatterThreads) {
-    round_row[threadIdx.x] = detail::place_round<kScatterThreads>(
-        idx, r0 + threadIdx.x, a1, K, E, running, warp_hist, src_token, dst_row);
+    const int row = detail::place_round<kScatterThreads>(idx, r0 + threadIdx.x, a1, K, E, running,
+                                                         warp_hist, src_token, dst_row);
+    if (xp == nullptr) continue;  // the same for the whole block: its barriers stay matched
+    round_row[threadIdx.x] = row;
     __syncthreads();
     const int in_round = static_cast<int>(a1 - r0 < kScatterThreads ? a1 - r0 : kScatterThreads);
     for (int i = warp; i < in_round; i += kScatterThreads / 32) {
@@ -443,9 +446,8 @@ void router_route_forward(float* logits, float* probs, std::int32_t* topk_idx, f
   check("router_route_forward", N, C, E, K);
   GHT_EXPECTS(N * K <= 0x7fffffff, "router_route_forward: N·K=" + std::to_string(N * K) +
                                        " exceeds int32 row ids");
-  GHT_EXPECTS(perm.expert_offsets != nullptr && perm.src_token != nullptr &&
-                  perm.dst_row != nullptr && perm.xp != nullptr,
-              "router_route_forward: every output of the permutation is required");
+  GHT_EXPECTS(perm.expert_offsets != nullptr && perm.src_token != nullptr && perm.dst_row != nullptr,
+              "router_route_forward: expert_offsets, src_token and dst_row are required");
   if (N == 0) {
     GHT_CUDA_TRY(cudaMemsetAsync(losses, 0, sizeof(RouterLossesDevice), stream));
     GHT_CUDA_TRY(cudaMemsetAsync(perm.expert_offsets, 0,

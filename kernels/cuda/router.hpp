@@ -22,7 +22,7 @@
  *
  * FLOPs: 2·N·C·E (logits) + ~(6 + 2K)·N·E; backward 4·N·C·E + ~8·N·E.
  * Bytes: 2·N·C + 2·E·C + 4·N·E·2 + 8·N·K (forward); the fused call adds the gather's
- * 2·(N·C + N·K·C) and 12·N·K for the plan, as the separate calls do, and saves re-reading
+ * 2·(N·C + N·K·C) (none when RoutePermutation::xp is null) and 12·N·K for the plan, as the separate calls do, and saves re-reading
  * topk_idx (4·N·K twice) and the plan's tile histogram pass.
  */
 #include <cuda_bf16.h>
@@ -57,13 +57,18 @@ struct RoutePermutation {
   std::int32_t* expert_offsets = nullptr;  ///< (E+1) exclusive scan of the counts; [E] = N·K
   std::int32_t* src_token = nullptr;       ///< (N·K) permuted row -> source token
   std::int32_t* dst_row = nullptr;         ///< (N·K) assignment t·K + k -> permuted row
-  __nv_bfloat16* xp = nullptr;             ///< (N·K, C) x gathered into expert order
+  /// (N·K, C) x gathered into expert order, or nullptr: no rows are gathered (the plan is still
+  /// written), for a consumer that scatters x itself, e.g. quantize_fp8_rows_scatter
+  /// (kernels/cuda/fp8_quant.hpp) for the FP8 experts.
+  __nv_bfloat16* xp = nullptr;
 };
 
 /**
  * @brief router_forward, then moe_permute_plan(topk_idx) and moe_permute_forward(x), fused;
  * identical outputs (no expert_counts: expert_offsets holds them). Nothing syncs with the host.
- * @throws ght::logic_error on bad sizes (as router_forward; N·K must fit int32) or a null output
+ * With perm.xp == nullptr the gather is left out and every other output is the same.
+ * @throws ght::logic_error on bad sizes (as router_forward; N·K must fit int32) or a null
+ *         expert_offsets, src_token or dst_row
  */
 void router_route_forward(float* logits, float* probs, std::int32_t* topk_idx, float* topk_w,
                           RouterLossesDevice* losses, const RoutePermutation& perm,

@@ -1,9 +1,11 @@
 // SwiGLU forward/backward on gate/up halves (see swiglu.hpp).
 #include "kernels/cuda/swiglu.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/cuda/detail/common.cuh"
+#include "kernels/cuda/detail/fp8_tile.cuh"
 #include "tier/cuda_check.hpp"
 #include "tier/error.hpp"
 
@@ -31,6 +33,52 @@ __global__ void swiglu_forward_kernel(bf16* __restrict__ act, std::int64_t ld_ac
 #pragma unroll
     for (int j = 0; j < VEC; ++j) a[j] = g[j] * sigmoidf(g[j]) * u[j];
     detail::store_vec<VEC>(act + r * ld_act + c, a);
+  }
+}
+
+// swiglu_forward_kernel's act, and its 1 x 128 e4m3 tiles as quantize_fp8_rows(act) writes them:
+// half a warp per tile (detail::quantize_tile_chunk), 8 values per lane, tiles row-major over
+// (R, across), a warp on tiles 2w and 2w+1. The tile is quantised from the bf16 act it stores.
+template <bool VEC>
+__global__ void swiglu_forward_fp8_kernel(bf16* __restrict__ act, std::int64_t ld_act,
+                                          std::uint8_t* __restrict__ codes, float* __restrict__ scales,
+                                          const bf16* __restrict__ gate, const bf16* __restrict__ up,
+                                          std::int64_t ld_in, std::int64_t R, int F, std::int64_t across) {
+  using detail::kChunk;
+  const std::int64_t tiles = R * across;
+  const int half = (threadIdx.x % detail::kWarp) / detail::kLanesPerTile;
+  const int lane = threadIdx.x % detail::kLanesPerTile;
+  const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
+  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
+       2 * w < tiles; w += warps_total) {
+    const std::int64_t t = 2 * w + half;
+    const bool valid = t < tiles;
+    const std::int64_t r = valid ? t / across : 0, tc = valid ? t % across : 0;
+    const std::int64_t c = tc * kFp8TileK + lane * kChunk;
+    const int n = valid ? static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(kChunk, F - c))) : 0;
+    float v[kChunk];
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;
+    if (n > 0) {
+      float g[kChunk], u[kChunk];
+      detail::load_chunk<VEC>(gate + r * ld_in + c, n, g);
+      detail::load_chunk<VEC>(up + r * ld_in + c, n, u);
+      detail::Bf16x8 h;
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        h.v[j] = __float2bfloat16(g[j] * sigmoidf(g[j]) * u[j]);  // swiglu_forward_kernel's
+        if (j < n) v[j] = __bfloat162float(h.v[j]);
+      }
+      bf16* dst = act + r * ld_act + c;
+      if constexpr (VEC) {
+        *reinterpret_cast<detail::Bf16x8*>(dst) = h;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kChunk; ++j)
+          if (j < n) dst[j] = h.v[j];
+      }
+    }
+    detail::quantize_tile_chunk<VEC>(v, n, valid, codes + r * F + c, scales + r * across + tc);
   }
 }
 
@@ -85,6 +133,27 @@ void swiglu_forward(bf16* act, std::int64_t ld_act, const bf16* gate, const bf16
     swiglu_forward_kernel<8><<<grid, kThreads, 0, stream>>>(act, ld_act, gate, up, ld_in, R, F);
   } else {
     swiglu_forward_kernel<1><<<grid, kThreads, 0, stream>>>(act, ld_act, gate, up, ld_in, R, F);
+  }
+  GHT_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_forward_fp8(bf16* act, std::int64_t ld_act, __nv_fp8_e4m3* codes, float* scales,
+                        const bf16* gate, const bf16* up, std::int64_t ld_in, std::int64_t R, int F,
+                        cudaStream_t stream) {
+  check("swiglu_forward_fp8", R, F, ld_act, ld_in, ld_in);
+  if (R == 0) return;
+  GHT_EXPECTS(act && codes && scales && gate && up, "swiglu_forward_fp8: null pointer");
+  const std::int64_t across = detail::ceil_div(F, kFp8TileK);
+  // 16-byte loads and stores of act need every row start aligned; 8-byte code stores, F % 8.
+  const bool vec = F % 8 == 0 && ld_act % 8 == 0 && ld_in % 8 == 0 && detail::aligned16(act, gate, up) &&
+                   detail::aligned(codes, 8);
+  auto* out = reinterpret_cast<std::uint8_t*>(codes);
+  constexpr int kTilesPerBlock = 2 * (kThreads / detail::kWarp);
+  const unsigned grid = detail::grid_for(R * across, kTilesPerBlock, std::int64_t{1} << 20);
+  if (vec) {
+    swiglu_forward_fp8_kernel<true><<<grid, kThreads, 0, stream>>>(act, ld_act, out, scales, gate, up, ld_in, R, F, across);
+  } else {
+    swiglu_forward_fp8_kernel<false><<<grid, kThreads, 0, stream>>>(act, ld_act, out, scales, gate, up, ld_in, R, F, across);
   }
   GHT_CUDA_CHECK_LAUNCH();
 }

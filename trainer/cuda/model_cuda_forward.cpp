@@ -103,10 +103,17 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
   op("residual add + post_attention_layernorm", l);
   kc::fused_residual_rmsnorm_forward(a.h_mid, a.ln2, a.ln2_rstd, tmp_d, a.resid, W + x.ln2, N,
                                      static_cast<int>(d), eps, stream);
+  // FP8 experts read the permuted input as e4m3 codes, quantised while scattering (no bf16 copy in
+  // expert order: the backward gathers its own).
+  bf16* const xp = opts.fp8_experts ? nullptr : big;
   if (opts.fused_kernels) {
-    op("router + permutation (fused)", l);
+    if (xp != nullptr) {
+      op("router + permutation (fused)", l);
+    } else {
+      op("router + permutation plan (fused)", l);
+    }
     kc::router_route_forward(a.logits, a.probs, a.topk_idx, a.topk_w, losses,
-                             {a.offsets, a.src_token, a.dst_row, big}, a.ln2, W + x.router, N,
+                             {a.offsets, a.src_token, a.dst_row, xp}, a.ln2, W + x.router, N,
                              static_cast<int>(d), static_cast<int>(E), static_cast<int>(K),
                              cfg.norm_topk_prob, stream);
   } else {
@@ -117,9 +124,14 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
     op("permutation plan", l);
     kc::moe_permute_plan(a.offsets, a.src_token, a.dst_row, a.topk_idx, N, static_cast<int>(K),
                          static_cast<int>(E), stream);
-    op("permute", l);
-    kc::moe_permute_forward_by_token(big, a.ln2, a.dst_row, N, static_cast<int>(K),
-                                     static_cast<int>(d), stream);
+    if (xp != nullptr) {
+      op("permute", l);
+      kc::moe_permute_forward_by_token(xp, a.ln2, a.dst_row, N, static_cast<int>(K), static_cast<int>(d), stream);
+    }
+  }
+  if (opts.fp8_experts) {
+    op("permute + FP8 quantisation", l);
+    kc::quantize_fp8_rows_scatter(fp8_act, fp8_act_scales, a.ln2, a.dst_row, N, static_cast<int>(K), d, stream);
   }
   if (kc::needs_host_offsets(opts.expert_impl)) {
     op("expert offsets download", l);
@@ -130,17 +142,17 @@ void CudaMoEModel::Impl::layer_forward(int l, Acts& a, kc::RouterLossesDevice* l
   if (opts.fp8_experts) {
     if (quantize_weights) fp8_quantize_weights(l);
     op("expert gate_up grouped GEMM (FP8)", l);
-    fp8_grouped_m(l, a, true, big, a.gu);
+    fp8_grouped_m(l, a, true, a.gu);
+    op("SwiGLU forward + FP8 quantisation", l);
+    kc::swiglu_forward_fp8(a.act, F, fp8_act, fp8_act_scales, a.gu, a.gu + F, 2 * F, NK, static_cast<int>(F),
+                           stream);
+    op("expert down_proj grouped GEMM (FP8)", l);
+    fp8_grouped_m(l, a, false, a.yp);
   } else {
     op("expert gate_up grouped GEMM", l);
     grouped_m(a, 2 * F, d, big, W + x.expert0, d, true, a.gu);
-  }
-  op("SwiGLU forward", l);
-  kc::swiglu_forward(a.act, F, a.gu, a.gu + F, 2 * F, NK, static_cast<int>(F), stream);
-  if (opts.fp8_experts) {
-    op("expert down_proj grouped GEMM (FP8)", l);
-    fp8_grouped_m(l, a, false, a.act, a.yp);
-  } else {
+    op("SwiGLU forward", l);
+    kc::swiglu_forward(a.act, F, a.gu, a.gu + F, 2 * F, NK, static_cast<int>(F), stream);
     op("expert down_proj grouped GEMM", l);
     grouped_m(a, d, F, a.act, W + x.expert0 + 2 * d * F, F, true, a.yp);
   }

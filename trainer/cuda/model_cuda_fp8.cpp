@@ -49,12 +49,11 @@ void CudaMoEModel::Impl::fp8_quantize_weights(int l) {
   kc::quantize_fp8_blocks(c.down, c.down_scales, w + 2 * d * F, static_cast<int>(E), d, F, F, stride, stream);
 }
 
-void CudaMoEModel::Impl::fp8_grouped_m(int l, const Acts& a, bool gate_up, const bf16* A, bf16* C) {
+void CudaMoEModel::Impl::fp8_grouped_m(int l, const Acts& a, bool gate_up, bf16* C) {
   const Fp8LayerCopies c = fp8_layer(l);
   kc::Fp8GroupedGemmVarM g;
   g.n = gate_up ? 2 * F : d;
   g.k = gate_up ? d : F;
-  kc::quantize_fp8_rows(fp8_act, fp8_act_scales, A, tokens_n() * K, g.k, 0, stream);
   g.a = fp8_act;
   g.a_scales = fp8_act_scales;
   g.b = gate_up ? c.gate_up : c.down;

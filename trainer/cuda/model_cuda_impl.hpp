@@ -254,9 +254,10 @@ struct CudaMoEModel::Impl {
   };
   [[nodiscard]] Fp8LayerCopies fp8_layer(int l) const;
   void fp8_quantize_weights(int l);
-  // var-M in FP8: C[rows_e] = Â[rows_e]·B̂_e^T with A (R, k) quantised into fp8_act first; B is
-  // layer l's gate/up (gate_up true: n = 2F, k = d) or down (n = d, k = F) copy.
-  void fp8_grouped_m(int l, const Acts& a, bool gate_up, const bf16* A, bf16* C);
+  // var-M in FP8: C[rows_e] = Â[rows_e]·B̂_e^T with Â the (R, k) codes and scales in fp8_act, which
+  // the kernel before it wrote (the scatter of the permutation, or SwiGLU); B̂ is layer l's gate/up
+  // (gate_up true: n = 2F, k = d) or down (n = d, k = F) copy.
+  void fp8_grouped_m(int l, const Acts& a, bool gate_up, bf16* C);
 
   kc::AttentionShape att_shape() const;
 

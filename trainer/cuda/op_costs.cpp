@@ -67,18 +67,22 @@ std::map<std::string, OpCost, std::less<>> op_cost_table(const ModelConfig& mc, 
   t["permute"] = gather;
   // The three in one call (GHT_FUSED_KERNELS): topk_idx is not read again by a separate plan.
   t["router + permutation (fused)"] = t["router"] + OpCost{0, 4 * N * K} + gather;
+  t["router + permutation plan (fused)"] = t["router"] + OpCost{0, 4 * N * K};  // FP8 experts: no bf16 gather
   // Grouped GEMMs over the experts, var-M: R rows in total, every expert's weight read once.
   t["expert gate_up grouped GEMM"] = {2 * R * 2 * F * C, 2 * (R * C + E * 2 * F * C) + 2 * R * 2 * F};
   t["SwiGLU forward"] = {5 * R * F, 6 * R * F};
   t["expert down_proj grouped GEMM"] = {2 * R * C * F, 2 * (R * F + E * C * F) + 2 * R * C};
-  // GHT_FP8=experts (trainer/fp8_experts.hpp): the activations' 1 x 128 quantisation (bf16 read,
-  // e4m3 and a scale per 128 written) then the GEMM on 1-byte operands; the weights' 128 x 128
-  // quantisation once per layer and step, its own op.
+  // GHT_FP8=experts (trainer/fp8_experts.hpp): the activations' 1 x 128 quantisation fused into the
+  // permutation's scatter (each token's bf16 row read once, e4m3 and a scale per 128 written to its
+  // K rows) and into SwiGLU (its e4m3 copy besides the bf16 one), then the GEMMs on 1-byte operands;
+  // the weights' 128 x 128 quantisation once per layer and step, its own op.
   auto quant = [](double rows, double cols) { return OpCost{3 * rows * cols, 3 * rows * cols + 4 * rows * cols / 128}; };
+  t["permute + FP8 quantisation"] = {3 * R * C, 2 * N * C + R * C + 4 * R * C / 128 + 4 * R};
+  t["SwiGLU forward + FP8 quantisation"] = t["SwiGLU forward"] + OpCost{3 * R * F, R * F + 4 * R * F / 128};
   t["expert gate_up grouped GEMM (FP8)"] =
-      quant(R, C) + OpCost{2 * R * 2 * F * C, R * C + E * 2 * F * C + 4 * (R + E * 2 * F / 128) * C / 128 + 2 * R * 2 * F};
+      OpCost{2 * R * 2 * F * C, R * C + E * 2 * F * C + 4 * (R + E * 2 * F / 128) * C / 128 + 2 * R * 2 * F};
   t["expert down_proj grouped GEMM (FP8)"] =
-      quant(R, F) + OpCost{2 * R * C * F, R * F + E * C * F + 4 * (R + E * C / 128) * F / 128 + 2 * R * C};
+      OpCost{2 * R * C * F, R * F + E * C * F + 4 * (R + E * C / 128) * F / 128 + 2 * R * C};
   t["FP8 expert weight quantisation"] = quant(E * 3 * F, C);
   t["un-permute (combine)"] = gather;
   t["LM head + cross-entropy (forward)"] = {2 * N * V * C, 4 * N * V + 2 * N * C + 2 * V * C};
