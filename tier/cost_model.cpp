@@ -213,6 +213,19 @@ Load::Bucket& Load::at(int index) {
   return it->second;
 }
 
+double backward_exposed_seconds(const Region& r, const Access& a, const LinkNumbers& link) {
+  if (a.backward_exposed <= 0 || a.backward_hbm_bytes <= 0 || link.hbm_bps <= 0) return 0.0;
+  return a.times_per_step * routing_factor(r, a) * a.backward_hbm_bytes * a.backward_exposed / link.hbm_bps;
+}
+
+double hbm_accumulate_seconds(const std::vector<Region>& regions, const LinkNumbers& link) {
+  double s = 0;
+  for (const Region& r : regions) {
+    for (const Access& a : r.access) s += backward_exposed_seconds(r, a, link);
+  }
+  return s;
+}
+
 void Load::add(const Load& o, double sign) {
   for (const auto& [index, x] : o.parts) {
     Bucket& b = at(index);
@@ -223,6 +236,7 @@ void Load::add(const Load& o, double sign) {
     b.host_bytes += sign * x.host_bytes;
     b.host_s += sign * x.host_s;
     b.hbm_s += sign * x.hbm_s;
+    b.accumulate_s += sign * x.accumulate_s;
   }
   recompute_flops += sign * o.recompute_flops;
 }
@@ -274,6 +288,7 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
     if (!only_what.empty() && a.what != only_what) continue;
     const double k = a.times_per_step * routing_factor(r, a);
     Load::Bucket& b = l.at(window_index(a));
+    b.accumulate_s += backward_exposed_seconds(r, a, link_);
     if (p.tier == TierKind::hbm) {
       // The GPU works on it in place; only CPU accesses cross the link (memcpy).
       const double down = k * a.cpu_read_bytes, up = k * a.cpu_write_bytes;
@@ -302,7 +317,9 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
 
 StepTime CostModel::evaluate(const Load& total) const {
   StepTime t;
-  t.compute_seconds = step_flops_ / flops_per_second_ + head_seconds_;
+  for (const auto& part : total.parts) t.accumulate_seconds += part.second.accumulate_s;
+  t.accumulate_seconds = std::max(0.0, t.accumulate_seconds);
+  t.compute_seconds = step_flops_ / flops_per_second_ + head_seconds_ + t.accumulate_seconds;
   t.recompute_seconds = std::max(0.0, total.recompute_flops) / flops_per_second_;
   t.window_seconds = t.compute_seconds + t.recompute_seconds;
   Load::Bucket cum;

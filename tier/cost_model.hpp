@@ -159,6 +159,15 @@ struct Placement {
 /// 1 - (1 - routing_frequency)^routing_tokens for routed accesses of expert regions, else 1.
 [[nodiscard]] double routing_factor(const Region& r, const Access& a);
 
+/// Seconds per step that access `a` of `r` adds to the backward: its backward_hbm_bytes, times per
+/// step and routing, at backward_exposed of link.hbm_bps (0 without them).
+[[nodiscard]] double backward_exposed_seconds(const Region& r, const Access& a, const LinkNumbers& link);
+
+/// The backward's exposed HBM passes of `regions` with every region in HBM (their `access`): what
+/// the cost model adds to the backward when the gradients accumulate there (the auto policy's
+/// calibration).
+[[nodiscard]] double hbm_accumulate_seconds(const std::vector<Region>& regions, const LinkNumbers& link);
+
 /// Per-step work one placement of one region adds, split by overlap window (sparse: only the
 /// windows it uses, by index into CostModel::windows(), ascending).
 struct Load {
@@ -167,6 +176,7 @@ struct Load {
     double h2d_s = 0, d2h_s = 0;          ///< link seconds each way, alone
     double host_bytes = 0, host_s = 0;    ///< host-memory traffic
     double hbm_s = 0;                     ///< HBM passes besides the compute (Access::hbm_pass)
+    double accumulate_s = 0;              ///< the backward's exposed HBM passes (Access::backward_exposed)
   };
   std::vector<std::pair<int, Bucket>> parts;
   double recompute_flops = 0;
@@ -184,6 +194,8 @@ struct StepTime {
   /// The HBM passes (Access::hbm_pass), on the critical path but not in exposed_seconds or
   /// step_seconds: placement does not trade them against the link (see plan.cpp, predict_with()).
   double hbm_pass_seconds = 0;
+  /// The backward's exposed HBM passes (Access::backward_exposed): part of compute_seconds.
+  double accumulate_seconds = 0;
   double compute_seconds = 0, recompute_seconds = 0, window_seconds = 0;
   double exposed_link = 0, exposed_host = 0;
   double exposed_seconds = 0, step_seconds = 0;

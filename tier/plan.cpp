@@ -176,7 +176,7 @@ PlanOptions plan_options_from_config(const config::Registry& reg, const LinkNumb
 
 // ---- measurements ---------------------------------------------------------------------------
 
-ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops) {
+ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops, double accumulate_seconds) {
   auto positive = [](double x) { return x > 0 && std::isfinite(x); };
   auto need = [](bool ok, const std::string& field, double x, const std::string& what) {
     if (!ok) throw config_error("measurements: phases." + field + " " + what + ", got " + std::to_string(x));
@@ -190,10 +190,11 @@ ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops
   GHT_EXPECTS(head_tflops > 0 && std::isfinite(head_tflops),
               "calibrate_compute: head TFLOP/s must be > 0, got " + std::to_string(head_tflops));
   const double r = m.recompute_flops / m.step_flops, f = m.forward_seconds, b = m.backward_seconds;
-  const double h = m.head_flops / (head_tflops * 1e12);
+  const double h = m.head_flops / (head_tflops * 1e12) + std::max(0.0, accumulate_seconds);
   const double rho = (b - h - r * f) / (f * (1 + r));
   need(rho > 0, "backward_seconds", b,
-       "leaves no backward besides the recompute and the LM head (" + fixed(h, 3) + " s) the plan predicts");
+       "leaves no backward besides the recompute, the LM head and the gradient accumulation (" + fixed(h, 3) +
+           " s) the plan predicts");
   return {m.step_flops / (f * (1 + rho)) / 1e12, rho};
 }
 
@@ -337,10 +338,11 @@ Prediction predict_with(const CostModel& cm, const std::vector<Region>& regions,
   p.host_seconds = t.host_seconds;
   p.compute_seconds = t.compute_seconds;
   p.head_seconds = options.head_seconds();
+  p.accumulate_seconds = t.accumulate_seconds;
   // The backward_ratio split is the bf16 layers'; FP8's saving comes off the forward alone.
-  p.forward_seconds =
-      (t.compute_seconds - p.head_seconds + options.fp8_saved_seconds) / (1 + options.backward_ratio) -
-      options.fp8_saved_seconds;
+  p.forward_seconds = (t.compute_seconds - p.head_seconds - p.accumulate_seconds + options.fp8_saved_seconds) /
+                          (1 + options.backward_ratio) -
+                      options.fp8_saved_seconds;
   p.recompute_seconds = t.recompute_seconds;
   p.window_seconds = t.window_seconds;
   // The update of state in HBM runs on the critical path (measured: 88 ms of GPU time, 95 ms
@@ -509,7 +511,8 @@ void apply_auto_policy(std::vector<Region>& regions, PlanOptions& options, const
                     std::to_string(measured->expert_tokens.size()) + " expert token counts, " +
                     std::to_string(measured->link_bytes.size()) + " regions' link bytes)");
     if (measured->phases.present()) {
-      const ComputeCalibration c = calibrate_compute(measured->phases, options.head_tflops);
+      const ComputeCalibration c =
+          calibrate_compute(measured->phases, options.head_tflops, hbm_accumulate_seconds(regions, options.link));
       notes.push_back("auto: compute rates from measured phases (forward " + fixed(measured->phases.forward_seconds, 3) +
                       " s, backward " + fixed(measured->phases.backward_seconds, 3) + " s): " + fixed(c.tflops, 0) +
                       " TFLOP/s sustained (GHT_ASSUMED_TFLOPS " + fixed(options.assumed_tflops, 0) +

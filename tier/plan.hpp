@@ -88,6 +88,12 @@ struct Access {
   /// The share of hbm_bps at which the pass moves its bytes (its kernel's measured efficiency:
   /// GHT_ASSUMED_HBM_UPDATE, GHT_ASSUMED_Q8_UPDATE), in (0, 1].
   double hbm_pass_share = 1;
+  /// HBM bytes the access moves inside the backward, per occurrence, whatever the region's tier:
+  /// the gradient accumulator's read-modify-write in the weight-gradient GEMMs' epilogues, or a
+  /// streamed gradient's write and its copy's read. backward_exposed of their time at hbm_bps is not
+  /// hidden by the GEMMs and lengthens the backward (GHT_ASSUMED_ACC_EXPOSED).
+  double backward_hbm_bytes = 0;
+  double backward_exposed = 0;
   bool operator==(const Access&) const = default;
 };
 
@@ -138,7 +144,7 @@ struct PlanOptions {
   /// Backward compute time over forward compute time of the layers (recompute and the LM head
   /// excluded): how step_flops' time splits into the forward and backward phases a run measures
   /// (GHT_ASSUMED_BWD_RATIO; FLOPs alone give 2).
-  double backward_ratio = 2.4;
+  double backward_ratio = 2.25;
   /// FLOPs per step of the fused LM head and loss, forward and backward (6·V·d per token), which
   /// run in the backward phase at their own rate (GHT_ASSUMED_HEAD_TFLOPS); 0 = none counted.
   double head_flops = 0;
@@ -220,7 +226,10 @@ struct ComputeCalibration {
 };
 /// @throws ght::config_error naming the field when the phases are not finite and positive, or the
 /// backward is shorter than its recompute and LM head
-[[nodiscard]] ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops);
+/// `accumulate_seconds`: the backward's gradient accumulation the model adds (Prediction::
+/// accumulate_seconds), taken off the measured backward with the LM head.
+[[nodiscard]] ComputeCalibration calibrate_compute(const MeasuredPhases& m, double head_tflops,
+                                                   double accumulate_seconds = 0);
 
 /// Regions updated by measurements: routing frequencies from expert token counts, and the
 /// host-side GPU accesses of each measured region scaled so that its predicted link bytes per
@@ -249,8 +258,11 @@ struct Prediction {
   double link_seconds = 0;        ///< both directions sharing the link (bidir limit)
   double host_traffic_bytes = 0;  ///< CPU reads + writes of host memory
   double host_seconds = 0;
-  double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS + head_seconds, recompute excluded
+  double compute_seconds = 0;     ///< step FLOPs at GHT_ASSUMED_TFLOPS + head_seconds + accumulate_seconds, recompute excluded
   double head_seconds = 0;        ///< the LM head's part of compute_seconds (in the backward)
+  /// The gradient accumulators' exposed HBM traffic, part of compute_seconds (in the backward;
+  /// Access::backward_exposed)
+  double accumulate_seconds = 0;
   double forward_seconds = 0;     ///< the layers' forward part of compute_seconds (backward_ratio)
   double recompute_seconds = 0;
   double window_seconds = 0;      ///< compute + recompute: what transfers can hide behind

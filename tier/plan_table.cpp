@@ -176,8 +176,8 @@ std::string Plan::format_table(bool explain) const {
      << num(o.assumed_tflops, 0) << " TFLOP/s, GHT_ASSUMED_TFLOPS; LM head " << head_flops << " FLOP at "
      << num(o.head_tflops, 0) << " TFLOP/s, GHT_ASSUMED_HEAD_TFLOPS): forward " << secs(p.forward_seconds)
      << ", backward " << secs(p.compute_seconds - p.forward_seconds) << " (the layers "
-     << num(o.backward_ratio, 2) << "x the forward, GHT_ASSUMED_BWD_RATIO, + LM head " << secs(p.head_seconds)
-     << ")\n";
+     << num(o.backward_ratio, 2) << "x the forward, GHT_ASSUMED_BWD_RATIO, + gradient accumulation "
+     << secs(p.accumulate_seconds) << ", + LM head " << secs(p.head_seconds) << ")\n";
   if (o.fp8_saved_seconds != 0) {
     os << "  FP8 GEMMs     forward " << secs(o.fp8_saved_seconds) << " less (GHT_FP8, at GHT_ASSUMED_FP8_GEMM); "
        << gib(o.fp8_hbm_bytes) << " of FP8 copies in HBM\n";

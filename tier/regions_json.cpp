@@ -135,6 +135,8 @@ json access_to_json(const Access& a) {
   if (a.routing_tokens != 0) put_double(j, "routing_tokens", a.routing_tokens);
   if (a.hbm_pass) j["hbm_pass"] = true;
   if (a.hbm_pass_share != 1) put_double(j, "hbm_pass_share", a.hbm_pass_share);
+  if (a.backward_hbm_bytes != 0) put_double(j, "backward_hbm_bytes", a.backward_hbm_bytes);
+  if (a.backward_exposed != 0) put_double(j, "backward_exposed", a.backward_exposed);
   return j;
 }
 
@@ -142,7 +144,7 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   check_keys(j, origin, path,
              {"what", "gpu_read_bytes", "gpu_write_bytes", "cpu_read_bytes", "cpu_write_bytes",
               "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens", "hbm_pass",
-              "hbm_pass_share"});
+              "hbm_pass_share", "backward_hbm_bytes", "backward_exposed"});
   Access a;
   const std::string def_what = "compute";
   a.what = get_string(j, "what", origin, path, &def_what);
@@ -162,6 +164,12 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   a.hbm_pass = get_bool(j, "hbm_pass", origin, path, false);
   a.hbm_pass_share = get_double(j, "hbm_pass_share", origin, path, 1);
   if (!(a.hbm_pass_share > 0 && a.hbm_pass_share <= 1)) fail(origin, join(path, "hbm_pass_share"), "must be in (0, 1]");
+  a.backward_hbm_bytes = get_double(j, "backward_hbm_bytes", origin, path, 0);
+  if (!(a.backward_hbm_bytes >= 0)) fail(origin, join(path, "backward_hbm_bytes"), "must be >= 0");
+  a.backward_exposed = get_double(j, "backward_exposed", origin, path, 0);
+  if (!(a.backward_exposed >= 0 && a.backward_exposed <= 1)) {
+    fail(origin, join(path, "backward_exposed"), "must be in [0, 1]");
+  }
   for (double v : {a.gpu_read_bytes, a.gpu_write_bytes, a.cpu_read_bytes, a.cpu_write_bytes,
                    a.times_per_step, a.routing_tokens}) {
     if (!(v >= 0) || !std::isfinite(v)) fail(origin, path, "byte counts, times_per_step and routing_tokens must be finite and >= 0");
@@ -472,6 +480,7 @@ std::string Plan::to_json() const {
   put_double(pj, "compute_seconds", p.compute_seconds);
   put_double(pj, "forward_seconds", p.forward_seconds);
   put_double(pj, "head_seconds", p.head_seconds);
+  put_double(pj, "accumulate_seconds", p.accumulate_seconds);
   put_double(pj, "recompute_seconds", p.recompute_seconds);
   put_double(pj, "window_seconds", p.window_seconds);
   put_double(pj, "hbm_pass_seconds", p.hbm_pass_seconds);
@@ -554,7 +563,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   check_keys(*pj, origin, "prediction",
              {"hbm_bytes", "host_bytes", "h2d_bytes", "d2h_bytes", "h2d_seconds", "d2h_seconds",
               "link_seconds", "host_traffic_bytes", "host_seconds", "compute_seconds", "forward_seconds",
-              "head_seconds", "recompute_seconds", "window_seconds", "hbm_pass_seconds", "exposed_seconds", "step_seconds",
+              "head_seconds", "accumulate_seconds", "recompute_seconds", "window_seconds", "hbm_pass_seconds", "exposed_seconds", "step_seconds",
               "optimizer_link_seconds"});
   Prediction p;
   const std::string pp = "prediction";
@@ -570,6 +579,7 @@ Plan Plan::from_json(const std::string& text, const std::string& origin) {
   p.compute_seconds = get_double(*pj, "compute_seconds", origin, pp, 0);
   p.forward_seconds = get_double(*pj, "forward_seconds", origin, pp, 0);
   p.head_seconds = get_double(*pj, "head_seconds", origin, pp, 0);
+  p.accumulate_seconds = get_double(*pj, "accumulate_seconds", origin, pp, 0);
   p.recompute_seconds = get_double(*pj, "recompute_seconds", origin, pp, 0);
   p.window_seconds = get_double(*pj, "window_seconds", origin, pp, 0);
   p.hbm_pass_seconds = get_double(*pj, "hbm_pass_seconds", origin, pp, 0);

@@ -92,9 +92,20 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   acc_hbm.gpu_read_bytes = static_cast<double>(gb) * P;
   acc_hbm.gpu_write_bytes = static_cast<double>(gb) * P;
   acc_hbm.routing_tokens = routed;
+  // The weight-gradient GEMMs read and write the accumulator each micro-batch; what they do not
+  // hide lengthens the backward. The tied embedding's (and an untied LM head's) is the LM head's
+  // GEMM, timed with the head; the input embedding's is a scatter of the micro-batch's rows.
+  // Streamed, the GEMM writes the bf16 gradient and the copy reads it: counted the same, one access
+  // in both lists, so that a gradient's tier does not change its backward (streaming's own HBM
+  // traffic is not measured yet; the placement trades it on link and memory alone).
+  Access backward_pass = make_access("compute", ga, 1.0, GpuPath::copy);
+  backward_pass.backward_hbm_bytes = 2.0 * static_cast<double>(gb) * P;
+  backward_pass.backward_exposed =
+      g.name != "embed" && g.name != "lm_head" ? config::cfg().get_float(config::Key::GHT_ASSUMED_ACC_EXPOSED) : 0.0;
+  backward_pass.routing_tokens = routed;
   Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P_rank;
-  gr.access = {acc_hbm, opt_hbm};
+  gr.access = {acc_hbm, backward_pass, opt_hbm};
   // With several ranks the gradients are reduced in HBM (NCCL): the trainer has no reduction of
   // host-accumulated ones.
   gr.host_allowed = ranks == 1;
@@ -130,6 +141,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   Access opt_host = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   opt_host.gpu_read_bytes = 4 * P;
   host.push_back(opt_host);
+  host.push_back(backward_pass);
   gr.host_access = std::move(host);
   out.push_back(std::move(gr));
 

@@ -1,8 +1,8 @@
 // GPU test of the fused FP8 activation quantisation: quantize_fp8_rows_scatter
 // (kernels/cuda/fp8_quant) against moe_permute_forward_by_token + quantize_fp8_rows, and
 // swiglu_forward_fp8 (kernels/cuda/swiglu) against swiglu_forward + quantize_fp8_rows, bit for bit
-// (codes as bytes, scales as bit patterns, act as bytes); and router_route_forward without the
-// gather (RoutePermutation::xp == nullptr) against the call with it.
+// (codes as bytes, scales as bit patterns, act as bytes). router_route_forward without its gather,
+// which the FP8 experts use, is checked in cuda_router_test.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@
 #include "kernels/cuda/router.hpp"
 #include "kernels/cuda/swiglu.hpp"
 #include "kernels/cuda_test_util.hpp"
+#include "kernels/fp8_test_values.hpp"
 #include "tier/error.hpp"
 
 namespace {
@@ -27,32 +28,6 @@ namespace {
 using namespace ght::test;
 namespace kc = ght::kernels::cuda;
 using fp8 = __nv_fp8_e4m3;
-
-// bf16 values in [lo, hi) with outliers: ~1% scaled up by 2^4..2^12 (they set their tile's
-// scale) and ~2% scaled down by 2^-6..2^-14 (subnormal codes or zero after scaling).
-std::vector<float> values_with_outliers(std::size_t n, std::uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> v = random_bf16_values(n, seed, lo, hi);
-  std::mt19937 gen(seed ^ 0x9e3779b9u);
-  std::uniform_int_distribution<int> pick(0, 999), up(4, 12), down(6, 14);
-  for (auto& x : v) {
-    const int p = pick(gen);
-    if (p < 10) x = round_bf16(std::ldexp(x, up(gen)));
-    else if (p < 30) x = round_bf16(std::ldexp(x, -down(gen)));
-  }
-  return v;
-}
-
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<std::uint32_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<std::uint32_t>(v[i]);
-  return b;
-}
-
-std::vector<std::uint32_t> codes_of(const std::vector<fp8>& v) {
-  std::vector<std::uint32_t> c(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) c[i] = static_cast<std::uint8_t>(v[i].__x);
-  return c;
-}
 
 std::vector<std::uint32_t> bf16_bits_of(const std::vector<bf16>& v) {
   std::vector<std::uint32_t> b(v.size());
@@ -232,99 +207,6 @@ TEST(CudaFp8Fused, SwigluQuantiseRejectsBadArguments) {
   EXPECT_THROW(kc::swiglu_forward_fp8(act, 128, codes, scales, in, in, 256, 4, 0, nullptr), ght::logic_error);
   EXPECT_THROW(kc::swiglu_forward_fp8(act, 128, nullptr, scales, in, in, 256, 4, 128, nullptr), ght::logic_error);
   EXPECT_NO_THROW(kc::swiglu_forward_fp8(act, 128, codes, scales, in, in, 256, 0, 128, nullptr));
-}
-
-// ---- router_route_forward without the gather -------------------------------------------------
-
-// Multiples of 1/8 in [-1, 1] (exact logits, as in cuda_router_test).
-std::vector<float> eighths(std::size_t n, std::uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int> d(1, 8);
-  std::bernoulli_distribution sign(0.5);
-  std::vector<float> v(n);
-  for (auto& x : v) x = static_cast<float>(sign(gen) ? d(gen) : -d(gen)) / 8.0f;
-  return v;
-}
-
-template <typename T>
-std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  return {p, p + v.size() * sizeof(T)};
-}
-
-// The call with xp = nullptr against the one with xp, byte for byte; then the FP8 experts' input
-// both ways: quantize_fp8_rows_scatter on the plan against quantize_fp8_rows on the gathered xp.
-void check_route_without_gather(std::int64_t N, int E, int K, int C, std::uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "N=" << N << " E=" << E << " K=" << K << " C=" << C);
-  const std::int64_t A = N * K, across = (C + kc::kFp8TileK - 1) / kc::kFp8TileK;
-  TestStream stream;
-  auto d_x = upload_bf16(eighths(static_cast<std::size_t>(N * C), seed));
-  auto d_wr = upload_bf16(eighths(static_cast<std::size_t>(E) * C, seed + 1));
-  struct Out {
-    DeviceBuffer<float> logits, probs, tw;
-    DeviceBuffer<std::int32_t> tidx, off, src, dst;
-    DeviceBuffer<kc::RouterLossesDevice> losses;
-  };
-  auto make = [&] {
-    Out o{DeviceBuffer<float>(N * E), DeviceBuffer<float>(N * E), DeviceBuffer<float>(A),
-          DeviceBuffer<std::int32_t>(A), DeviceBuffer<std::int32_t>(E + 1), DeviceBuffer<std::int32_t>(A),
-          DeviceBuffer<std::int32_t>(A), DeviceBuffer<kc::RouterLossesDevice>(1)};
-    o.probs.poison();
-    o.tw.poison();
-    o.tidx.poison();
-    o.off.poison();
-    o.src.poison();
-    o.dst.poison();
-    o.losses.poison();
-    return o;
-  };
-  Out with = make(), without = make();
-  DeviceBuffer<bf16> d_xp(A * C);
-  d_xp.poison();
-  kc::router_route_forward(with.logits.get(), with.probs.get(), with.tidx.get(), with.tw.get(), with.losses.get(),
-                           {with.off.get(), with.src.get(), with.dst.get(), d_xp.get()}, d_x.get(), d_wr.get(), N,
-                           C, E, K, true, stream.get());
-  kc::router_route_forward(without.logits.get(), without.probs.get(), without.tidx.get(), without.tw.get(),
-                           without.losses.get(), {without.off.get(), without.src.get(), without.dst.get(), nullptr},
-                           d_x.get(), d_wr.get(), N, C, E, K, true, stream.get());
-  DeviceBuffer<fp8> d_codes(A * C), d_ref_codes(A * C);
-  DeviceBuffer<float> d_scales(A * across), d_ref_scales(A * across);
-  kc::quantize_fp8_rows(d_ref_codes.get(), d_ref_scales.get(), d_xp.get(), A, C, C, stream.get());
-  kc::quantize_fp8_rows_scatter(d_codes.get(), d_scales.get(), d_x.get(), without.dst.get(), N, K, C, stream.get());
-  stream.sync();
-
-  EXPECT_TRUE(all_equal("expert_offsets", without.off.download(), with.off.download()));
-  EXPECT_TRUE(all_equal("src_token", without.src.download(), with.src.download()));
-  EXPECT_TRUE(all_equal("dst_row", without.dst.download(), with.dst.download()));
-  EXPECT_TRUE(all_equal("topk_idx", without.tidx.download(), with.tidx.download()));
-  EXPECT_EQ(bytes_of(without.tw.download()), bytes_of(with.tw.download())) << "topk_w";
-  EXPECT_EQ(bytes_of(without.probs.download()), bytes_of(with.probs.download())) << "probs";
-  EXPECT_EQ(bytes_of(without.logits.download()), bytes_of(with.logits.download())) << "logits";
-  EXPECT_EQ(bytes_of(without.losses.download()), bytes_of(with.losses.download())) << "losses";
-  EXPECT_TRUE(all_equal("codes", codes_of(d_codes.download()), codes_of(d_ref_codes.download())));
-  EXPECT_TRUE(all_equal("scale bits", bits_of(d_scales.download()), bits_of(d_ref_scales.download())));
-}
-
-// One and several routing blocks, two 512-assignment rounds per tile (N = 20000, K = 8), C
-// below one tile and over several (the scalar and the 16-byte gather).
-TEST(CudaFp8Fused, RouteForwardWithoutGatherMatchesWithGather) {
-  GHT_REQUIRE_GPU();
-  check_route_without_gather(300, 64, 4, 64, 301);
-  check_route_without_gather(77, 8, 2, 36, 302);
-  check_route_without_gather(20000, 128, 8, 256, 303);
-  check_route_without_gather(37, 16, 4, 800, 304);
-}
-
-TEST(CudaFp8Fused, RouteForwardStillRequiresThePlanOutputs) {
-  auto* p = reinterpret_cast<std::int32_t*>(std::uintptr_t{256});
-  const kc::RoutePermutation no_dst{p, p, nullptr, nullptr};
-  EXPECT_THROW(kc::router_route_forward(nullptr, nullptr, nullptr, nullptr, nullptr, no_dst, nullptr, nullptr, 4,
-                                        8, 4, 2, true, nullptr),
-               ght::logic_error);
-  const kc::RoutePermutation no_src{p, nullptr, p, nullptr};
-  EXPECT_THROW(kc::router_route_forward(nullptr, nullptr, nullptr, nullptr, nullptr, no_src, nullptr, nullptr, 4,
-                                        8, 4, 2, true, nullptr),
-               ght::logic_error);
 }
 
 }  // namespace

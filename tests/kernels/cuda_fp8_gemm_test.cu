@@ -20,6 +20,7 @@
 #include "kernels/cuda/expert_gemm_fp8.hpp"
 #include "kernels/cuda/fp8_quant.hpp"
 #include "kernels/cuda_test_util.hpp"
+#include "kernels/fp8_test_values.hpp"
 #include "tier/error.hpp"
 
 namespace {
@@ -29,33 +30,7 @@ namespace kc = ght::kernels::cuda;
 namespace cpu = ght::kernels::cpu;
 using fp8 = __nv_fp8_e4m3;
 
-// bf16 values in [-1, 1) with outliers: ~1% scaled up by 2^4..2^12 (they set their tile's scale,
-// pushing the others down the e4m3 range) and ~2% scaled down by 2^-6..2^-14 (subnormal codes or
-// zero after scaling). Every value is bf16-exact, so CPU and GPU read the same numbers.
-std::vector<float> values_with_outliers(std::size_t n, std::uint32_t seed) {
-  std::vector<float> v = random_bf16_values(n, seed);
-  std::mt19937 gen(seed ^ 0x9e3779b9u);
-  std::uniform_int_distribution<int> pick(0, 999), up(4, 12), down(6, 14);
-  for (auto& x : v) {
-    const int p = pick(gen);
-    if (p < 10) x = round_bf16(std::ldexp(x, up(gen)));
-    else if (p < 30) x = round_bf16(std::ldexp(x, -down(gen)));
-  }
-  return v;
-}
-
-std::vector<std::uint32_t> bits_of(const std::vector<float>& v) {
-  std::vector<std::uint32_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<std::uint32_t>(v[i]);
-  return b;
-}
-
-std::vector<std::uint32_t> codes_of(const std::vector<fp8>& v) {
-  std::vector<std::uint32_t> c(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) c[i] = static_cast<std::uint8_t>(v[i].__x);
-  return c;
-}
-
+using ght::test::codes_of;  // beside the overload for the CPU's codes below
 std::vector<std::uint32_t> codes_of(const std::vector<std::uint8_t>& v) { return {v.begin(), v.end()}; }
 
 // Activations (rows, cols) with row stride ldx: GPU codes, scales and dequantised values against

@@ -180,10 +180,14 @@ void run_route_case(const RouteCase& rc, std::uint32_t seed) {
     o.losses.poison();
     return o;
   };
-  Out f = make(), sep = make();
+  Out f = make(), sep = make(), plan_only = make();
   kc::router_route_forward(f.logits.get(), f.probs.get(), f.tidx.get(), f.tw.get(), f.losses.get(),
                            {f.off.get(), f.src.get(), f.dst.get(), f.xp.get()}, d_x.get(),
                            d_wr.get(), N, C, E, K, rc.norm, stream.get());
+  // Without xp (the FP8 experts quantise while scattering instead): no rows gathered.
+  kc::router_route_forward(plan_only.logits.get(), plan_only.probs.get(), plan_only.tidx.get(), plan_only.tw.get(),
+                           plan_only.losses.get(), {plan_only.off.get(), plan_only.src.get(), plan_only.dst.get(), nullptr},
+                           d_x.get(), d_wr.get(), N, C, E, K, rc.norm, stream.get());
   kc::router_forward(sep.logits.get(), sep.probs.get(), sep.tidx.get(), sep.tw.get(),
                      sep.losses.get(), nullptr, d_x.get(), d_wr.get(), N, C, E, K, rc.norm,
                      stream.get());
@@ -213,6 +217,15 @@ void run_route_case(const RouteCase& rc, std::uint32_t seed) {
   EXPECT_EQ(bytes_of(f.dst.download()), bytes_of(sep.dst.download())) << "dst_row";
   EXPECT_EQ(bytes_of(f.xp.download()), bytes_of(sep.xp.download())) << "xp";
   EXPECT_EQ(bytes_of(f.losses.download()), bytes_of(sep.losses.download())) << "losses";
+
+  EXPECT_EQ(bytes_of(plan_only.logits.download()), bytes_of(f.logits.download())) << "logits without xp";
+  EXPECT_EQ(bytes_of(plan_only.probs.download()), bytes_of(f.probs.download())) << "probs without xp";
+  EXPECT_EQ(bytes_of(plan_only.tw.download()), bytes_of(f.tw.download())) << "topk_w without xp";
+  EXPECT_EQ(bytes_of(plan_only.tidx.download()), bytes_of(f.tidx.download())) << "topk_idx without xp";
+  EXPECT_EQ(bytes_of(plan_only.off.download()), bytes_of(f.off.download())) << "expert_offsets without xp";
+  EXPECT_EQ(bytes_of(plan_only.src.download()), bytes_of(f.src.download())) << "src_token without xp";
+  EXPECT_EQ(bytes_of(plan_only.dst.download()), bytes_of(f.dst.download())) << "dst_row without xp";
+  EXPECT_EQ(bytes_of(plan_only.losses.download()), bytes_of(f.losses.download())) << "losses without xp";
 }
 
 // Top-k 1/2/4/8, E up to 128 (and the router's limit, 256), tied logits (the inputs are
@@ -235,6 +248,15 @@ TEST(CudaRouter, RouteForwardRejectsMissingOutputs) {
   EXPECT_THROW(kc::router_route_forward(nullptr, nullptr, nullptr, nullptr, nullptr, {}, nullptr,
                                         nullptr, 4, 8, 4, 2, true, nullptr),
                ght::logic_error);
+  // xp may be null (no gather); the plan's outputs may not.
+  auto* p = reinterpret_cast<std::int32_t*>(std::uintptr_t{256});
+  for (const kc::RoutePermutation perm : {kc::RoutePermutation{p, p, nullptr, nullptr},
+                                          kc::RoutePermutation{p, nullptr, p, nullptr},
+                                          kc::RoutePermutation{nullptr, p, p, nullptr}}) {
+    EXPECT_THROW(kc::router_route_forward(nullptr, nullptr, nullptr, nullptr, nullptr, perm, nullptr, nullptr, 4, 8,
+                                          4, 2, true, nullptr),
+                 ght::logic_error);
+  }
 }
 
 TEST(CudaRouter, RejectsBadTopK) {

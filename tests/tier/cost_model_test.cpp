@@ -137,6 +137,46 @@ TEST(CostModel, HostTrafficAndRecomputeAndRouting) {
                                                      {TierKind::hbm, Mode::accumulate}}));
 }
 
+TEST(CostModel, GradientAccumulationInHbmLengthensTheBackwardByItsExposedShare) {
+  LinkNumbers l = pcie_numbers();
+  l.hbm_bps = 4e12;
+  Region g;
+  g.name = "grad";
+  g.cls = TensorClass::grad;
+  g.bytes = 4000;
+  g.expert = 1;
+  g.routing_frequency = 0.5;
+  Access acc;  // an fp32 accumulator of 1e9 parameters, read and written by 8 micro-batches
+  acc.backward_hbm_bytes = 8e9;
+  acc.times_per_step = 8;
+  acc.routing_tokens = 2;  // reached by 1 - 0.5^2 of the micro-batches
+  acc.backward_exposed = 0.5;
+  g.access = {acc};
+  Access stream;  // streamed to the host instead: the bf16 gradient written, then read by the copy
+  stream.gpu_write_bytes = 2e9;
+  stream.times_per_step = 8;
+  stream.backward_hbm_bytes = 4e9;
+  stream.backward_exposed = 0.5;
+  g.host_access = std::vector<Access>{stream};
+  const double want = 8 * 0.75 * 8e9 * 0.5 / 4e12;
+  EXPECT_DOUBLE_EQ(backward_exposed_seconds(g, acc, l), want);
+  EXPECT_DOUBLE_EQ(hbm_accumulate_seconds({g, g}, l), 2 * want);
+
+  const CostModel cm(l, 450e12, 450, {g}, 0.25);
+  const StepTime in_hbm = cm.evaluate(cm.load(g, {TierKind::hbm, Mode::accumulate}));
+  EXPECT_DOUBLE_EQ(in_hbm.accumulate_seconds, want);
+  EXPECT_DOUBLE_EQ(in_hbm.compute_seconds, 1.0 + 0.25 + want);  // FLOPs + head + accumulation
+  EXPECT_DOUBLE_EQ(in_hbm.window_seconds, in_hbm.compute_seconds);
+  EXPECT_DOUBLE_EQ(in_hbm.hbm_pass_seconds, 0.0);  // not the update's pass
+  const StepTime on_host = cm.evaluate(cm.load(g, {TierKind::host, Mode::stream}));
+  EXPECT_DOUBLE_EQ(on_host.accumulate_seconds, 8 * 4e9 * 0.5 / 4e12);  // every micro-batch, no routing
+  EXPECT_DOUBLE_EQ(on_host.compute_seconds, 1.25 + on_host.accumulate_seconds);
+  EXPECT_DOUBLE_EQ(on_host.d2h_bytes, 8 * 2e9);  // the link sees the gradient once
+  // Without an HBM bandwidth the pass is not counted (as the update's).
+  l.hbm_bps = 0;
+  EXPECT_DOUBLE_EQ(backward_exposed_seconds(g, acc, l), 0.0);
+}
+
 TEST(CostModel, MissingBandwidthIsInfiniteOnlyWhenUsed) {
   LinkNumbers l = pcie_numbers();
   l.kernel_read_bps = 0;

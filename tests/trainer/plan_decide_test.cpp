@@ -313,6 +313,31 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
   EXPECT_EQ(config::cfg().source(config::Key::GHT_FP8), config::Source::Plan);
 }
 
+// The weight-gradient GEMMs read and write every layer gradient in HBM once per micro-batch
+// (bench/results/2026-12-07-h100-backward-gradient-accumulation.md): bf16 accumulators halve the
+// bytes, so the backward is shorter by half the exposed traffic, and the forward is unchanged.
+TEST_F(PlanDecide, Bf16AccumulationShortensTheBackwardByHalfTheAccumulatorTraffic) {
+  const ModelConfig c = at_tokens("bench-h200", 1 << 16);
+  auto predict = [&](const char* accum) {
+    const tier::PlanOptions o = machine(kH200, c, {"GHT_OPT_STATE=q8", std::string("GHT_GRAD_ACCUM=") + accum,
+                                                   "GHT_OPT_SPECULATE=0"});
+    return std::pair{decide_plan(c, o, PlanScope{}).model.plan.prediction(), o};
+  };
+  const auto [fp32, o] = predict("fp32");
+  const tier::Prediction bf16 = predict("bf16").first;
+  // Every layer gradient (the embedding's is the LM head's) in HBM, 16 micro-batches, 8 B or 4 B
+  // moved per parameter, half of it exposed (GHT_ASSUMED_ACC_EXPOSED's default).
+  const double layer_params = static_cast<double>(c.total_params() - c.embedding_params());
+  const double want = c.grad_accum * layer_params * 8 * 0.5 / o.link.hbm_bps;
+  EXPECT_NEAR(fp32.accumulate_seconds, want, 0.01 * want);
+  EXPECT_NEAR(bf16.accumulate_seconds, want / 2, 0.01 * want);
+  EXPECT_NEAR(fp32.forward_seconds, bf16.forward_seconds, 1e-9);
+  EXPECT_NEAR(fp32.compute_seconds - bf16.compute_seconds, want / 2, 0.01 * want);
+  // The table says it.
+  const tier::Plan p = decide_plan(c, o, PlanScope{}).model.plan;
+  EXPECT_NE(p.format_table(false).find("+ gradient accumulation"), std::string::npos);
+}
+
 TEST_F(PlanDecide, Fp8IsNotSearchedForShapesTheGemmCannotTake) {
   ModelConfig c = preset("bench-h200");
   c.expert_ffn = 808;  // not a multiple of 16
