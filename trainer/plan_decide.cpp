@@ -83,7 +83,9 @@ std::string refusal(const ModelConfig& cfg, const tier::PlanOptions& base, const
 
 PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay) {
   PlanScope s{ranks, allow_delay};
-  s.fp8 = fp8_shape_refusal(cfg).empty() && fp8_unavailable_here().empty();
+  s.fp8_why_not = fp8_shape_refusal(cfg);
+  if (s.fp8_why_not.empty()) s.fp8_why_not = fp8_unavailable_here();
+  s.fp8 = s.fp8_why_not.empty();
   return s;
 }
 
@@ -131,10 +133,16 @@ DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, c
   const tier::Candidate& best = d.search.best();
   for (const auto& [option, value] : best.settings) config::cfg().set_planned(option, value);
   for (const tier::Price& p : best.inexact) d.taken.push_back("inexact choice taken: " + p.describe());
+  const bool fp8_set = config::cfg().source(config::Key::GHT_FP8) > config::Source::Plan;
+  if (base.link.kind != LinkKind::none && !scope.fp8 && !scope.fp8_why_not.empty() && !fp8_set &&
+      tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr) {
+    d.left_out.push_back("FP8 experts not searched, though the accuracy ledger prices them: " + scope.fp8_why_not);
+  }
   d.model = plan_settings(cfg, base, scope.ranks, measured);
   const tier::Plan& p = d.model.plan;
   std::vector<std::string> notes = p.notes();
   notes.insert(notes.end(), d.taken.begin(), d.taken.end());
+  notes.insert(notes.end(), d.left_out.begin(), d.left_out.end());
   d.model.plan = tier::Plan(p.options(), p.regions(), p.decisions(), p.prediction(), std::move(notes));
   return d;
 }
@@ -142,6 +150,7 @@ DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, c
 std::string DecidedPlan::table(const ModelConfig& cfg) const {
   std::string t = tier::format_search(search, static_cast<double>(cfg.tokens_per_step()), plan_peak_flops());
   for (const std::string& line : taken) t += "  " + line + "\n";
+  for (const std::string& line : left_out) t += "  " + line + "\n";
   return t;
 }
 

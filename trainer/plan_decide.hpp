@@ -36,6 +36,9 @@ struct PlanScope {
   /// The FP8 expert GEMMs can run where this plan trains, on this model (fp8_unavailable_here() and
   /// fp8_shape_refusal() both empty): only then does the search try GHT_FP8 unless the user set it.
   bool fp8 = false;
+  /// Why fp8 is false, for the plan's table where the ledger would otherwise put FP8 on the menu
+  /// (empty: nothing said).
+  std::string fp8_why_not{};
 };
 
 /// The scope of a run of `cfg` in this process: `ranks` as given, the delay allowed where asked, and
@@ -55,6 +58,9 @@ struct DecidedPlan {
   /// "inexact choice taken: <what and its price>", one per inexact setting of the choice (also
   /// among the plan's notes): the run's log says them.
   std::vector<std::string> taken;
+  /// What the search left out and why ("FP8 experts not searched ...": scope.fp8_why_not), also
+  /// among the plan's notes.
+  std::vector<std::string> left_out;
   /// The search's table (format_search) and the inexact choices taken, for ght plan and the
   /// run's log.
   [[nodiscard]] std::string table(const ModelConfig& cfg) const;

@@ -305,9 +305,18 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
   // Where FP8 cannot run (no CUTLASS, no sm_90 GPU, shapes the GEMM cannot take) the verdict does
   // not put it on the menu.
   for (const tier::Dimension& dim : plan_dimensions(priced, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
+  PlanScope cannot_run;
+  cannot_run.fp8_why_not = "no sm_90 device here";
+  const DecidedPlan without = decide_plan(c, priced, cannot_run);
+  EXPECT_NE(without.table(c).find("FP8 experts not searched, though the accuracy ledger prices them: no sm_90 device "
+                                  "here"),
+            std::string::npos)
+      << without.table(c);
+  EXPECT_EQ(config::cfg().get_string(config::Key::GHT_FP8), "off");
   PlanScope can_run;
   can_run.fp8 = true;
   const DecidedPlan d = decide_plan(c, priced, can_run);
+  EXPECT_TRUE(d.left_out.empty());
   fs::remove(ledger);
   EXPECT_EQ(config::cfg().get_string(config::Key::GHT_FP8), "experts") << d.table(c);
   EXPECT_EQ(config::cfg().source(config::Key::GHT_FP8), config::Source::Plan);

@@ -235,7 +235,10 @@ void run(const PlanArgs& a) {
   // FP8 is searched where this machine runs it; a --profile plans for another machine, where the
   // user pins GHT_FP8 to see it.
   const ght::trainer::PlanScope scope =
-      a.profile.empty() ? ght::trainer::local_plan_scope(*trainer_cfg, a.ranks, true) : ght::trainer::PlanScope{a.ranks, true};
+      a.profile.empty() ? ght::trainer::local_plan_scope(*trainer_cfg, a.ranks, true)
+                        : ght::trainer::PlanScope{a.ranks, true, false,
+                                                  "--profile plans for another machine; set GHT_FP8=experts to plan "
+                                                  "with them"};
   const ght::tier::Measurements* m = measured ? &*measured : nullptr;
   if (a.search_json) {
     const auto s = ght::trainer::search_model_plans(*trainer_cfg, options, scope, m);
