@@ -91,6 +91,22 @@ PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay) 
 
 double plan_peak_flops() { return Roofline::bf16_dense_datasheet_flops; }
 
+namespace {
+
+// Where GHT_FP8 stands on the search's menu: searched where the user set it, or where it can run
+// (scope.fp8: CUTLASS, an sm_90 GPU, the model's shapes) and the ledger prices it. Without a verdict
+// no tolerance admits it, and listing what cannot run here among the plans that fit would offer a
+// setting that fails: priced but unable to run, it is left out (and the plan says why).
+enum class Fp8Menu { absent, searched, left_out };
+Fp8Menu fp8_menu(const config::Registry& reg, const tier::PlanOptions& options, const PlanScope& scope) {
+  if (options.link.kind == LinkKind::none) return Fp8Menu::absent;
+  if (reg.source(config::Key::GHT_FP8) > config::Source::Plan) return Fp8Menu::searched;
+  if (tier::Ledger::from_config().find("GHT_FP8", "experts") == nullptr) return Fp8Menu::absent;
+  return scope.fp8 ? Fp8Menu::searched : Fp8Menu::left_out;
+}
+
+}  // namespace
+
 std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, const PlanScope& scope,
                                              bool honour_pins) {
   const config::Registry& reg = config::cfg();
@@ -110,11 +126,7 @@ std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, c
   if (gpu && scope.ranks == 1) {
     dims.push_back(tier::make_dimension(reg, "GHT_OPT_SPECULATE", "undo arena", {{"", true}, {"0", true}}, honour_pins));
   }
-  // FP8 is searched where the user set GHT_FP8, or where it can run (scope.fp8: CUTLASS, an sm_90
-  // GPU, the model's shapes) and the ledger prices it: without a verdict no tolerance admits it, and
-  // listing what cannot run here among the plans that fit would offer a setting that fails.
-  const bool fp8_set = reg.source(config::Key::GHT_FP8) > config::Source::Plan;
-  if (gpu && (fp8_set || (scope.fp8 && tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr))) {
+  if (fp8_menu(reg, options, scope) == Fp8Menu::searched) {
     dims.push_back(tier::make_dimension(reg, "GHT_FP8", "FP8", {{"off", true}, {"experts", false}}, honour_pins));
   }
   return dims;
@@ -133,9 +145,7 @@ DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, c
   const tier::Candidate& best = d.search.best();
   for (const auto& [option, value] : best.settings) config::cfg().set_planned(option, value);
   for (const tier::Price& p : best.inexact) d.taken.push_back("inexact choice taken: " + p.describe());
-  const bool fp8_set = config::cfg().source(config::Key::GHT_FP8) > config::Source::Plan;
-  if (base.link.kind != LinkKind::none && !scope.fp8 && !scope.fp8_why_not.empty() && !fp8_set &&
-      tier::Ledger::from_config().find("GHT_FP8", "experts") != nullptr) {
+  if (fp8_menu(config::cfg(), base, scope) == Fp8Menu::left_out && !scope.fp8_why_not.empty()) {
     d.left_out.push_back("FP8 experts not searched, though the accuracy ledger prices them: " + scope.fp8_why_not);
   }
   d.model = plan_settings(cfg, base, scope.ranks, measured);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "tier/cost_model.hpp"
@@ -88,14 +89,20 @@ TEST(CostModel, ExposureFollowsTheWindows) {
   EXPECT_DOUBLE_EQ(cm.unhidable_seconds(lb), 0.75 * 0.2);
 }
 
-TEST(CostModel, HostTrafficAndRecomputeAndRouting) {
-  const LinkNumbers l = pcie_numbers();
+// An expert's gradient region of `bytes`, routed to with `frequency` (its accesses set by the test).
+Region expert_grad(std::uint64_t bytes, int expert, double frequency) {
   Region g;
   g.name = "grad";
   g.cls = TensorClass::grad;
-  g.bytes = 1000;
-  g.expert = 3;
-  g.routing_frequency = 0.01;
+  g.bytes = bytes;
+  g.expert = expert;
+  g.routing_frequency = frequency;
+  return g;
+}
+
+TEST(CostModel, HostTrafficAndRecomputeAndRouting) {
+  const LinkNumbers l = pcie_numbers();
+  Region g = expert_grad(1000, 3, 0.01);
   Access stream;
   stream.gpu_write_bytes = 2e9;
   stream.times_per_step = 4;
@@ -140,12 +147,7 @@ TEST(CostModel, HostTrafficAndRecomputeAndRouting) {
 TEST(CostModel, GradientAccumulationInHbmLengthensTheBackwardByItsExposedShare) {
   LinkNumbers l = pcie_numbers();
   l.hbm_bps = 4e12;
-  Region g;
-  g.name = "grad";
-  g.cls = TensorClass::grad;
-  g.bytes = 4000;
-  g.expert = 1;
-  g.routing_frequency = 0.5;
+  Region g = expert_grad(4000, 1, 0.5);
   Access acc;  // an fp32 accumulator of 1e9 parameters, read and written by 8 micro-batches
   acc.backward_hbm_bytes = 8e9;
   acc.times_per_step = 8;
