@@ -88,14 +88,23 @@ void plan_candidate(Candidate& c, const PlanCandidate& plan_one) {
   }
 }
 
-// The chosen candidate: the fastest admitted one, or one with fewer inexact choices within
+// Departures from the defaults: inexact choices, and prefer_first dimensions off their first value.
+std::size_t departures(const Candidate& c, const std::vector<Dimension>& dims) {
+  std::size_t n = c.inexact.size();
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].prefer_first && c.settings[i].second != dims[i].values.front().value) ++n;
+  }
+  return n;
+}
+
+// The chosen candidate: the fastest admitted one, or one with fewer departures within
 // kPreferExactWithin of it.
-std::optional<std::size_t> choose(const std::vector<Candidate>& ranked) {
+std::optional<std::size_t> choose(const std::vector<Candidate>& ranked, const std::vector<Dimension>& dims) {
   if (ranked.empty() || !ranked[0].plan || !ranked[0].admitted) return std::nullopt;
   const double limit = ranked[0].rank_seconds() * (1 + kPreferExactWithin);
   std::size_t best = 0;
   for (std::size_t i = 1; i < ranked.size() && ranked[i].plan && ranked[i].admitted; ++i) {
-    if (ranked[i].rank_seconds() <= limit && ranked[i].inexact.size() < ranked[best].inexact.size()) best = i;
+    if (ranked[i].rank_seconds() <= limit && departures(ranked[i], dims) < departures(ranked[best], dims)) best = i;
   }
   return best;
 }
@@ -208,7 +217,7 @@ SearchResult search_plans(const std::vector<Dimension>& dims, const PlanCandidat
     }
   }
   std::stable_sort(r.candidates.begin(), r.candidates.end(), ranks_before);
-  r.chosen = choose(r.candidates);
+  r.chosen = choose(r.candidates, dims);
   r.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

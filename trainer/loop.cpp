@@ -511,8 +511,15 @@ void restore(TrainBackend& be, TrainSession& s, const LoadedCheckpoint& ck, Dilo
   const TrainConfig saved = TrainConfig::from_json(c.config);
   const nlohmann::json saved_model = {{"model", saved.to_json()["model"]}};
   const nlohmann::json this_model = {{"model", s.cfg.to_json()["model"]}};
-  GHT_EXPECTS(saved_model == this_model, "checkpoint " + where + " was written for a different model config: " +
-                                             describe_difference(saved_model, this_model));
+  // The plan may have chosen another micro-batch here than where the checkpoint was written.
+  const bool reshaped = saved.model.micro_batch != s.cfg.model.micro_batch &&
+                        saved.model.tokens_per_step() == s.cfg.model.tokens_per_step();
+  GHT_EXPECTS(saved_model == this_model,
+              "checkpoint " + where + " was written for a different model config: " +
+                  describe_difference(saved_model, this_model) +
+                  (reshaped ? "; to resume with the checkpoint's micro-batch, add -o model.micro_batch=" +
+                                  std::to_string(saved.model.micro_batch)
+                            : std::string()));
   optimizer::AdamW& opt = be.optimizer();
   // Checkpoints of older builds carry no state type: theirs was fp32. Across types load_state
   // converts the F32 values the checkpoint holds: into bf16 it rounds m and v to nearest, into
@@ -831,14 +838,7 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
   GHT_EXPECTS(!split.train.empty(), "no train_* shards under " + cfg.data + " (run `ght prep` first)");
   for (const auto& p : split.train) (void)read_shard_info(p);
   for (const auto& p : split.val) (void)read_shard(p, cfg.model.vocab);
-  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
-  if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
-
-  // The resolved configuration, for people and tools that look in the run directory (it is also
-  // in log.jsonl's config record and in each checkpoint).
-  if (leader()) {
-    fileio::atomic_write((fs::path(cfg.out) / "config.json").string(), cfg.to_json().dump(2) + "\n");
-  }
+  shape_data();
 
   const double needed = static_cast<double>(cfg.steps) * static_cast<double>(tokens_per_step());
   const auto have = static_cast<double>(loader->tokens_per_epoch());
@@ -848,6 +848,31 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
                   needed, static_cast<long long>(cfg.steps), needed / have, have);
     log::warn(buf);
   }
+}
+
+void TrainSession::shape_data() {
+  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
+  val_loader.reset();
+  if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
+  // The resolved configuration, for people and tools that look in the run directory (it is also
+  // in log.jsonl's config record and in each checkpoint).
+  if (leader()) {
+    fileio::atomic_write((fs::path(cfg.out) / "config.json").string(), cfg.to_json().dump(2) + "\n");
+  }
+}
+
+void TrainSession::reshape(int micro_batch, int grad_accum) {
+  const std::int64_t before = cfg.model.tokens_per_step();
+  GHT_EXPECTS(static_cast<std::int64_t>(cfg.model.seq_len) * micro_batch * grad_accum == before,
+              "reshape: micro-batch " + std::to_string(micro_batch) + " x " + std::to_string(grad_accum) +
+                  " accumulation steps does not keep the step's " + std::to_string(before) + " tokens");
+  if (micro_batch == cfg.model.micro_batch) return;
+  say("the plan trains with micro-batches of " + std::to_string(micro_batch) + " sequences, " +
+      std::to_string(grad_accum) + " per step (configured: " + std::to_string(cfg.model.micro_batch) + " x " +
+      std::to_string(cfg.model.grad_accum) + "); evaluation reads train.eval_batches micro-batches of that size");
+  cfg.model.micro_batch = micro_batch;
+  cfg.model.grad_accum = grad_accum;
+  shape_data();
 }
 
 void TrainSession::say(const std::string& s) const {

@@ -79,6 +79,13 @@ class TrainSession {
 
   /// A progress note (info level; nothing when run.quiet, nor on ranks other than 0).
   void say(const std::string& s) const;
+  /**
+   * @brief Train with `micro_batch` sequences per micro-batch and `grad_accum` of them per step
+   * (the plan's choice, same tokens per step) before the first step: the loaders are made again
+   * and config.json rewritten. Evaluation reads train.eval_batches micro-batches of the new size.
+   * @throws ght::logic_error when the tokens per step would change
+   */
+  void reshape(int micro_batch, int grad_accum);
   /// Rank 0: the one that writes the run directory.
   [[nodiscard]] bool leader() const noexcept { return comm->rank() == 0; }
   /// Tokens of one optimizer step over all ranks.
@@ -98,6 +105,7 @@ class TrainSession {
   std::shared_ptr<dist::Communicator> comm;
 
  private:
+  void shape_data();  // the loaders for cfg.model's micro-batch, and config.json
   std::unique_ptr<RunDirLock> lock_;
 };
 

@@ -38,6 +38,10 @@ struct ModelConfig {
   int seq_len = 128;
   int micro_batch = 8;
   int grad_accum = 1;
+  /// micro_batch was set by a file or an override (not only by the preset): the plan keeps it.
+  /// Unset, the plan on a GPU machine may fold accumulation steps into larger micro-batches at the
+  /// same tokens per step (trainer/plan_decide.hpp). Not part of the configuration's JSON.
+  bool micro_batch_pinned = false;
 
   /// Throws ght::logic_error naming the field (and its valid range) when a value is out of range,
   /// not finite, or the shape is inconsistent.

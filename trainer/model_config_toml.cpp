@@ -42,6 +42,16 @@ Field int_field(M ModelConfig::*m, std::string_view name) {
             c.*m = static_cast<int>(x);
           }};
 }
+// micro_batch, marked as set by the file (ModelConfig::micro_batch_pinned).
+Field pinned_micro_batch_field() {
+  Field f = int_field(&ModelConfig::micro_batch, "micro_batch");
+  auto set = f.set;
+  f.set = [set](ModelConfig& c, const toml::value& v) {
+    set(c, v);
+    c.micro_batch_pinned = true;
+  };
+  return f;
+}
 Field float_field(double ModelConfig::*m) {
   return {Kind::Float, [m](ModelConfig& c, const toml::value& v) {
             const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
@@ -72,7 +82,7 @@ const std::map<std::string, Field>& fields() {
       {"aux_loss_coef", float_field(&ModelConfig::aux_loss_coef)},
       {"z_loss_coef", float_field(&ModelConfig::z_loss_coef)},
       {"seq_len", int_field(&ModelConfig::seq_len, "seq_len")},
-      {"micro_batch", int_field(&ModelConfig::micro_batch, "micro_batch")},
+      {"micro_batch", pinned_micro_batch_field()},
       {"grad_accum", int_field(&ModelConfig::grad_accum, "grad_accum")},
   };
   return f;

@@ -1,6 +1,8 @@
 #include "trainer/plan_decide.hpp"
 
 #include <cstdio>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "tier/config.hpp"
@@ -20,6 +22,7 @@ class PlannedSettings {
  public:
   PlannedSettings(const tier::Settings& s, bool honour_pins) : saved_(config::cfg()) {
     for (const auto& [option, value] : s) {
+      if (option == kMicroBatchOption) continue;  // the model's shape (with_planned_shape), not a GHT_* option
       if (honour_pins) {
         config::cfg().set_planned(option, value);
       } else {
@@ -49,9 +52,9 @@ tier::SearchResult search(const ModelConfig& cfg, const tier::PlanOptions& base,
   const tier::Ledger ledger = tier::Ledger::from_config();
   auto plan_one = [&](const tier::Settings& s) {
     PlannedSettings scoped(s, honour_pins);
-    return plan_settings(cfg, base, scope.ranks, measured).plan;
+    return plan_settings(with_planned_shape(cfg, s), base, scope.ranks, measured).plan;
   };
-  return tier::search_plans(plan_dimensions(base, scope, honour_pins), plan_one, ledger, tolerance);
+  return tier::search_plans(plan_dimensions(cfg, base, scope, honour_pins), plan_one, ledger, tolerance);
 }
 
 // The refusal: the nearest plans within the user's settings, or, where nothing fits with them,
@@ -81,6 +84,21 @@ std::string refusal(const ModelConfig& cfg, const tier::PlanOptions& base, const
 
 }  // namespace
 
+ModelConfig with_planned_shape(const ModelConfig& cfg, const tier::Settings& settings) {
+  ModelConfig c = cfg;
+  for (const auto& [option, value] : settings) {
+    if (option != kMicroBatchOption) continue;
+    const int mb = std::stoi(value);
+    const std::int64_t per = static_cast<std::int64_t>(c.seq_len) * mb, tokens = cfg.tokens_per_step();
+    GHT_EXPECTS(mb >= 1 && tokens % per == 0, std::string(kMicroBatchOption) + "=" + value + ": " +
+                                                  std::to_string(tokens) + " tokens per step are not a multiple of " +
+                                                  std::to_string(per) + " (seq_len x micro_batch)");
+    c.micro_batch = mb;
+    c.grad_accum = static_cast<int>(tokens / per);
+  }
+  return c;
+}
+
 PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay) {
   PlanScope s{ranks, allow_delay};
   s.fp8_why_not = fp8_shape_refusal(cfg);
@@ -107,8 +125,28 @@ Fp8Menu fp8_menu(const config::Registry& reg, const tier::PlanOptions& options, 
 
 }  // namespace
 
-std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, const PlanScope& scope,
-                                             bool honour_pins) {
+namespace {
+
+// The micro-batch dimension (plan_decide.hpp): the configured micro-batch first (the exact default
+// of the table's "changes"), then 2, 4 and 8 times it where the accumulation steps divide and the
+// micro-batch stays within kMaxPlannedMicroBatchTokens. Absent when pinned or when only one value
+// is possible.
+std::optional<tier::Dimension> micro_batch_dimension(const ModelConfig& cfg, bool honour_pins) {
+  if (honour_pins && cfg.micro_batch_pinned) return std::nullopt;
+  tier::Dimension d{kMicroBatchOption, "micro-batch", {}, std::nullopt, true};
+  for (int f = 1; f <= 8; f *= 2) {
+    const std::int64_t tokens = static_cast<std::int64_t>(cfg.seq_len) * cfg.micro_batch * f;
+    if (cfg.grad_accum % f != 0 || (f > 1 && tokens > kMaxPlannedMicroBatchTokens)) continue;
+    d.values.push_back({std::to_string(cfg.micro_batch * f), true});
+  }
+  if (d.values.size() < 2) return std::nullopt;
+  return d;
+}
+
+}  // namespace
+
+std::vector<tier::Dimension> plan_dimensions(const ModelConfig& cfg, const tier::PlanOptions& options,
+                                             const PlanScope& scope, bool honour_pins) {
   const config::Registry& reg = config::cfg();
   const bool gpu = options.link.kind != LinkKind::none;
   std::vector<tier::Dimension> dims;
@@ -129,6 +167,9 @@ std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, c
   if (fp8_menu(reg, options, scope) == Fp8Menu::searched) {
     dims.push_back(tier::make_dimension(reg, "GHT_FP8", "FP8", {{"off", true}, {"experts", false}}, honour_pins));
   }
+  if (gpu && scope.ranks == 1) {
+    if (auto d = micro_batch_dimension(cfg, honour_pins)) dims.push_back(std::move(*d));
+  }
   return dims;
 }
 
@@ -143,16 +184,26 @@ DecidedPlan decide_plan(const ModelConfig& cfg, const tier::PlanOptions& base, c
   d.search = search(cfg, base, scope, measured, true);
   if (!d.search.chosen) throw tier::plan_refused(refusal(cfg, base, scope, measured, d.search));
   const tier::Candidate& best = d.search.best();
-  for (const auto& [option, value] : best.settings) config::cfg().set_planned(option, value);
+  for (const auto& [option, value] : best.settings) {
+    if (option != kMicroBatchOption) config::cfg().set_planned(option, value);
+  }
+  d.shape = with_planned_shape(cfg, best.settings);
   for (const tier::Price& p : best.inexact) d.taken.push_back("inexact choice taken: " + p.describe());
   if (fp8_menu(config::cfg(), base, scope) == Fp8Menu::left_out && !scope.fp8_why_not.empty()) {
     d.left_out.push_back("FP8 experts not searched, though the accuracy ledger prices them: " + scope.fp8_why_not);
   }
-  d.model = plan_settings(cfg, base, scope.ranks, measured);
+  if (d.shape.micro_batch != cfg.micro_batch) {
+    d.reshaped = "micro-batch chosen: " + std::to_string(d.shape.micro_batch) + " x " + std::to_string(d.shape.seq_len) +
+                 " tokens, " + std::to_string(d.shape.grad_accum) + " accumulation steps (the configuration's " +
+                 std::to_string(cfg.micro_batch) + " x " + std::to_string(cfg.grad_accum) +
+                 "; set model.micro_batch to keep one)";
+  }
+  d.model = plan_settings(d.shape, base, scope.ranks, measured);
   const tier::Plan& p = d.model.plan;
   std::vector<std::string> notes = p.notes();
   notes.insert(notes.end(), d.taken.begin(), d.taken.end());
   notes.insert(notes.end(), d.left_out.begin(), d.left_out.end());
+  if (!d.reshaped.empty()) notes.push_back(d.reshaped);
   d.model.plan = tier::Plan(p.options(), p.regions(), p.decisions(), p.prediction(), std::move(notes));
   return d;
 }
@@ -161,6 +212,7 @@ std::string DecidedPlan::table(const ModelConfig& cfg) const {
   std::string t = tier::format_search(search, static_cast<double>(cfg.tokens_per_step()), plan_peak_flops());
   for (const std::string& line : taken) t += "  " + line + "\n";
   for (const std::string& line : left_out) t += "  " + line + "\n";
+  if (!reshaped.empty()) t += "  " + reshaped + "\n";
   return t;
 }
 

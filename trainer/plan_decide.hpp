@@ -10,15 +10,30 @@
  *   GHT_OPT_STATE   m and v in fp32 (exact), bf16 or q8;
  *   GHT_GRAD_ACCUM  HBM gradient accumulation in fp32 (exact) or bf16 (a GPU machine only);
  *   GHT_OPT_DELAY   the one-step-delayed update, off (exact) or on (a GPU machine, one rank,
- *                   where the caller allows it).
- * An option the user set pins its dimension. The chosen values are applied to the registry with
- * source `plan` (config::Registry::set_planned), so that the allocator, the model and the
- * optimizer run exactly what was planned, and `ght config` shows where each value came from.
+ *                   where the caller allows it);
+ *   GHT_OPT_SPECULATE  the undo arena of updates during the last backward, sized or none;
+ *   GHT_FP8         the FP8 expert GEMMs, where they can run (fp8_menu in plan_decide.cpp);
+ *   micro-batch     (model.micro_batch, a GPU machine, one rank) the configured micro-batch or 2, 4
+ *                   or 8 times it with as many fewer accumulation steps, at the same tokens per
+ *                   step: exact. Each accumulation step reads and writes every HBM gradient once,
+ *                   so fewer, larger micro-batches spend less of the backward on that traffic
+ *                   (Access::backward_hbm_bytes), at the price of their activations' HBM. Only
+ *                   micro-batches of at most kMaxPlannedMicroBatchTokens are tried, and another
+ *                   than the configured one is taken only where it is faster by more than
+ *                   tier::kPreferExactWithin (Dimension::prefer_first).
+ * An option the user set pins its dimension; model.micro_batch set in a file or an override pins
+ * the micro-batch (ModelConfig::micro_batch_pinned). The chosen GHT_* values are applied to the
+ * registry with source `plan` (config::Registry::set_planned), so that the allocator, the model
+ * and the optimizer run exactly what was planned, and `ght config` shows where each value came
+ * from; the chosen micro-batch is DecidedPlan::shape, which the run trains with.
  *
- * Not searched (the cost model cannot price them yet, so they keep their settings): micro-batch
- * size (the step model assumes one sustained TFLOP/s), speculation arenas, the split update
- * (GHT_OPTIMIZER=split, whose share the plan already predicts), the partial delay.
+ * Not searched (the cost model cannot price them yet, so they keep their settings): the split
+ * update (GHT_OPTIMIZER=split, whose share the plan already predicts), the partial delay. The step
+ * model assumes one sustained TFLOP/s at every micro-batch, so that a larger micro-batch's faster
+ * GEMMs are not counted for it (bench-h200 on the H200, 2026-12-02: micro-batch 4 x 4 ran 1.067x
+ * micro-batch 1 x 16, most of it the weight gradients' accumulation).
  */
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,6 +43,17 @@
 #include "trainer/regions.hpp"
 
 namespace ght::trainer {
+
+/// The search's name for the micro-batch dimension: the override that pins it.
+inline constexpr const char* kMicroBatchOption = "model.micro_batch";
+/// The largest micro-batch the search tries, in tokens: the largest measured on the seed's layer
+/// shapes (bench-h200, 4 x 4096 tokens, 2026-12-02).
+inline constexpr std::int64_t kMaxPlannedMicroBatchTokens = 16384;
+
+/// `cfg` with the micro-batch of `settings` (kMicroBatchOption) and the accumulation steps that
+/// keep its tokens per step; `cfg` itself where the settings do not set it.
+/// @throws ght::logic_error when the micro-batch does not divide the tokens per step
+[[nodiscard]] ModelConfig with_planned_shape(const ModelConfig& cfg, const tier::Settings& settings);
 
 /// What the caller allows the search to choose besides precision.
 struct PlanScope {
@@ -45,16 +71,23 @@ struct PlanScope {
 /// FP8 where this process and the model's shapes can run it.
 [[nodiscard]] PlanScope local_plan_scope(const ModelConfig& cfg, int ranks, bool allow_delay);
 
-/// The dimensions searched under `options` (link kind) and `scope`, pinned by the registry's
-/// user-set values (all values searched with `honour_pins` false).
-[[nodiscard]] std::vector<tier::Dimension> plan_dimensions(const tier::PlanOptions& options, const PlanScope& scope,
-                                                           bool honour_pins = true);
+/// The dimensions searched for `cfg` under `options` (link kind) and `scope`, pinned by the
+/// registry's user-set values and cfg.micro_batch_pinned (all values searched with `honour_pins`
+/// false).
+[[nodiscard]] std::vector<tier::Dimension> plan_dimensions(const ModelConfig& cfg, const tier::PlanOptions& options,
+                                                           const PlanScope& scope, bool honour_pins = true);
 
 /// The decision: the search and the chosen plan (planned again under the applied settings, with
 /// its LM-head chunk).
 struct DecidedPlan {
   tier::SearchResult search;
   ModelPlan model;
+  /// The model configuration the plan is for: the caller's, with the chosen micro-batch and
+  /// accumulation steps (with_planned_shape). The run trains with this micro-batch.
+  ModelConfig shape;
+  /// "micro-batch chosen: ..." where the shape differs from the caller's (also among the plan's
+  /// notes); empty otherwise.
+  std::string reshaped;
   /// "inexact choice taken: <what and its price>", one per inexact setting of the choice (also
   /// among the plan's notes): the run's log says them.
   std::vector<std::string> taken;

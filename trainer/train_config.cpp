@@ -127,7 +127,10 @@ const std::map<std::string, Setter>& setters() {
       GHT_FIELD("model", aux_loss_coef, model.aux_loss_coef),
       GHT_FIELD("model", z_loss_coef, model.z_loss_coef),
       GHT_FIELD("model", seq_len, model.seq_len),
-      GHT_FIELD("model", micro_batch, model.micro_batch),
+      {"model.micro_batch", [](TrainConfig& c, const toml::value& v) {
+         c.model.micro_batch = as<int>(v, "model.micro_batch");
+         c.model.micro_batch_pinned = true;
+       }},
       GHT_FIELD("model", grad_accum, model.grad_accum),
       GHT_FIELD("train", data, data),
       GHT_FIELD("train", out, out),

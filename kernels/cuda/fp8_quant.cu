@@ -35,13 +35,10 @@ __global__ void quantize_rows_kernel(std::uint8_t* __restrict__ codes, float* __
                                      std::int64_t ldx, std::int64_t across,
                                      const std::int32_t* __restrict__ dst_row, int K) {
   const std::int64_t tiles = rows * across;
-  const int half = (threadIdx.x % detail::kWarp) / kLanesPerTile, lane = threadIdx.x % kLanesPerTile;
-  const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
-  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
-       2 * w < tiles; w += warps_total) {
-    const std::int64_t t = 2 * w + half;
-    bool valid = t < tiles;
-    const std::int64_t a = valid ? t / across : 0, tc = valid ? t % across : 0;
+  for (std::int64_t w = detail::first_tile_warp(); 2 * w < tiles; w += detail::tile_warp_stride()) {
+    const detail::TileSlot s = detail::tile_slot(w, tiles, across, cols);
+    bool valid = s.valid;
+    const std::int64_t a = s.row, tc = s.tile_col, c = s.col;
     std::int64_t src = a, dst = a;
     if constexpr (SCATTER) {
       dst = valid ? dst_row[a] : -1;
@@ -49,8 +46,7 @@ __global__ void quantize_rows_kernel(std::uint8_t* __restrict__ codes, float* __
       dst = valid ? dst : 0;
       src = a / K;
     }
-    const std::int64_t c = tc * kFp8TileK + lane * kChunk;
-    const int n = valid ? static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(kChunk, cols - c))) : 0;
+    const int n = valid ? s.n : 0;
     float v[kChunk];
     if (n > 0) {
       load_chunk<VEC>(x + src * ldx + c, n, v);

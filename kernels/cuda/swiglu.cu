@@ -46,16 +46,11 @@ __global__ void swiglu_forward_fp8_kernel(bf16* __restrict__ act, std::int64_t l
                                           std::int64_t ld_in, std::int64_t R, int F, std::int64_t across) {
   using detail::kChunk;
   const std::int64_t tiles = R * across;
-  const int half = (threadIdx.x % detail::kWarp) / detail::kLanesPerTile;
-  const int lane = threadIdx.x % detail::kLanesPerTile;
-  const std::int64_t warps_total = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
-  for (std::int64_t w = blockIdx.x * static_cast<std::int64_t>(blockDim.x / detail::kWarp) + threadIdx.x / detail::kWarp;
-       2 * w < tiles; w += warps_total) {
-    const std::int64_t t = 2 * w + half;
-    const bool valid = t < tiles;
-    const std::int64_t r = valid ? t / across : 0, tc = valid ? t % across : 0;
-    const std::int64_t c = tc * kFp8TileK + lane * kChunk;
-    const int n = valid ? static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(kChunk, F - c))) : 0;
+  for (std::int64_t w = detail::first_tile_warp(); 2 * w < tiles; w += detail::tile_warp_stride()) {
+    const detail::TileSlot s = detail::tile_slot(w, tiles, across, F);
+    const bool valid = s.valid;
+    const std::int64_t r = s.row, tc = s.tile_col, c = s.col;
+    const int n = s.n;
     float v[kChunk];
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) v[j] = 0.0f;

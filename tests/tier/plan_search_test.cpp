@@ -132,6 +132,25 @@ TEST(PlanSearch, AnInexactChoiceMustBeFasterOrNeededToFit) {
   EXPECT_TRUE(r.best().inexact.empty());
 }
 
+// A prefer_first dimension (the micro-batch): exact, yet another value is taken only where it is
+// faster by more than kPreferExactWithin, as an inexact choice would be.
+TEST(PlanSearch, APreferFirstDimensionLeavesItsFirstValueOnlyForMoreThanTheMargin) {
+  const std::vector<Dimension> dims = {
+      Dimension{"GHT_OPT_STATE", "m/v", {{"fp32", true}, {"q8", false}}, std::nullopt},
+      Dimension{"model.micro_batch", "micro-batch", {{"1", true}, {"2", true}}, std::nullopt, true}};
+  const Ledger ledger({verdict("GHT_OPT_STATE", "q8", 0, 0.01)});
+  auto search = [&](double two) {
+    return search_plans(dims, table_of({{"fp32/1/", {10.0, true}}, {"fp32/2/", {two, true}},
+                                        {"q8/1/", {10.0, true}}, {"q8/2/", {two, true}}}),
+                        ledger, {Tolerance::Kind::noise, 0});
+  };
+  const SearchResult close = search(9.95);  // 0.5% faster: the configured micro-batch stays
+  EXPECT_EQ(close.best().changes(close.dimensions), "(defaults)");
+  const SearchResult faster = search(9.5);  // 5% faster: taken, and still exact
+  EXPECT_EQ(faster.best().changes(faster.dimensions), "model.micro_batch=2");
+  EXPECT_TRUE(faster.best().inexact.empty());
+}
+
 TEST(PlanSearch, ExactRefusesWhenOnlyInexactPlansFitAndListsThemWithTheirSettings) {
   const Ledger ledger({verdict("GHT_OPT_STATE", "q8", -0.001, 0.01)});
   const SearchResult r = search_plans(two_dims(), table_of(kTable), ledger, {Tolerance::Kind::exact, 0});

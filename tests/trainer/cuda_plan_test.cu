@@ -21,6 +21,8 @@ namespace ght::trainer {
 namespace {
 
 using ght::test::ScopedFlag;
+using test::read_log;
+using test::RunLog;
 using test::small_run_config;
 using ght::test::TempDir;
 using test::write_random_corpus;
@@ -130,6 +132,51 @@ TEST(CudaTrainPlan, Bf16GradientAccumulationMatchesThePlanAndTrains) {
   EXPECT_NEAR(ratio(b.at("memory").at("hbm").at("peak").get<std::uint64_t>(), plan_b), 1.0, 0.05) << b.dump(2);
   EXPECT_TRUE(std::isfinite(bf16.last_loss));
   EXPECT_NEAR(bf16.last_loss, fp32.last_loss, 0.02 * fp32.last_loss);
+}
+
+// A micro-batch the configuration leaves open (trainer/plan_decide.hpp): with HBM to spare the
+// plan folds the 2 accumulation steps into one micro-batch of twice the tokens, the run trains
+// that shape (config.json says it, HBM follows the plan), and a run stopped and resumed with the
+// same decision continues where it stopped.
+TEST(CudaTrainPlan, AnOpenMicroBatchTrainsAsPlannedAndResumes) {
+  GHT_REQUIRE_GPU();
+  const TempDir tmp("ght_cuda_train");
+  write_random_corpus(tmp / "data");
+  auto open_run = [&](const std::string& name) {
+    TrainConfig c = plan_run(tmp, name);
+    c.model.micro_batch_pinned = false;  // 4 x 64 tokens x 2 steps as configured; 8 x 64 x 1 possible
+    c.steps = 4;
+    c.schedule.total_steps = 4;
+    return c;
+  };
+  const TrainConfig c = open_run("full");
+  const TrainSummary full = train_cuda(c, profiled());
+  std::ifstream cf(tmp / "full/config.json");
+  ASSERT_TRUE(cf.good());
+  const nlohmann::json saved = nlohmann::json::parse(cf).at("model");
+  const int mb = saved.at("micro_batch").get<int>(), ga = saved.at("grad_accum").get<int>();
+  EXPECT_EQ(static_cast<std::int64_t>(mb) * ga, static_cast<std::int64_t>(c.model.micro_batch) * c.model.grad_accum);
+  EXPECT_EQ(mb, 2 * c.model.micro_batch) << "the plan kept 2 accumulation steps of a tiny model with HBM to spare";
+  const nlohmann::json pl = placement_of(tmp / "full");
+  ASSERT_FALSE(pl.empty());
+  EXPECT_NEAR(ratio(pl.at("memory").at("hbm").at("peak").get<std::uint64_t>(),
+                    pl.at("plan_hbm_bytes").get<std::uint64_t>()),
+              1.0, 0.05)
+      << pl.dump(2);
+  TrainRunOptions first = profiled();
+  first.stop_at = 2;
+  (void)train_cuda(open_run("resumed"), first);
+  TrainRunOptions second = profiled();
+  second.resume = "auto";
+  const TrainSummary resumed = train_cuda(open_run("resumed"), second);
+  EXPECT_EQ(resumed.first_step, 2);
+  EXPECT_EQ(resumed.last_step, 4);
+  const RunLog a = read_log(tmp / "full"), b = read_log(tmp / "resumed");
+  for (std::int64_t step = 1; step <= 4; ++step) {
+    ASSERT_TRUE(a.loss.count(step) && b.loss.count(step)) << "step " << step;
+    EXPECT_NEAR(b.loss.at(step), a.loss.at(step), 1e-3 * a.loss.at(step)) << "step " << step;
+  }
+  EXPECT_TRUE(std::isfinite(full.last_loss));
 }
 
 TEST(CudaTrainPlan, BudgetNothingFitsInIsATypedErrorNamingTheVariable) {

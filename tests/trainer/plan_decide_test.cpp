@@ -110,9 +110,9 @@ TEST_F(PlanDecide, Seed21bOnTheH200FitsWithNoOptionsAndAppliesWhatItChose) {
   EXPECT_LE(p.host_bytes, o.budgets.host);
   EXPECT_NEAR(p.step_seconds, best.step_seconds(), 1e-9 * best.step_seconds());
   // Every combination was priced (3 precisions x 2 accumulations x 2 delays x the undo arena or
-  // none), and the twelve with the delay, which the tolerance refuses, were not planned: admitted
-  // plans fit.
-  EXPECT_EQ(d.search.candidates.size(), 24u);
+  // none x micro-batches of 1, 2 and 4 sequences), and the 36 with the delay, which the tolerance
+  // refuses, were not planned: admitted plans fit.
+  EXPECT_EQ(d.search.candidates.size(), 72u);
   for (const tier::Candidate& cand : d.search.candidates) EXPECT_EQ(cand.planned, cand.admitted);
   RecordProperty("search_seconds", std::to_string(d.search.search_seconds));
   std::printf("seed-21b search on this machine: %.2f s for %zu combinations\n", d.search.search_seconds,
@@ -222,7 +222,7 @@ TEST_F(PlanDecide, AUserSettingIsNeverOverriddenAndADelayOutsideTheNoiseIsTakenO
   EXPECT_TRUE(delay_admitted);  // 15% < 50%
   // The CPU backend's scope has no gradient accumulation or delay to choose.
   const tier::PlanOptions none = machine(Machine{"none", {}}, c, {});
-  const auto dims = plan_dimensions(none, PlanScope{});
+  const auto dims = plan_dimensions(c, none, PlanScope{});
   ASSERT_EQ(dims.size(), 1u);
   EXPECT_EQ(dims[0].option, "GHT_OPT_STATE");
 }
@@ -273,9 +273,10 @@ TEST_F(PlanDecide, TheGh200TopologyFixtureGivesTheCapacitiesAndThePlanKeepsFp32S
 TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsForward) {
   ModelConfig c = preset("bench-h200");
   c.grad_accum = 16;
+  c.micro_batch_pinned = true;  // the same shape with and without FP8
   {
     const tier::PlanOptions o = machine(kH200, c, {});
-    for (const tier::Dimension& dim : plan_dimensions(o, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
+    for (const tier::Dimension& dim : plan_dimensions(c, o, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
   }
   const tier::PlanOptions off_o = machine(kH200, c, {"GHT_OPT_STATE=fp32", "GHT_GRAD_ACCUM=fp32"});
   const tier::Prediction off = decide_plan(c, off_o, PlanScope{}).model.plan.prediction();
@@ -304,7 +305,7 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
   config::cfg().set_flag("GHT_PLAN_LEDGER", ledger.string());
   // Where FP8 cannot run (no CUTLASS, no sm_90 GPU, shapes the GEMM cannot take) the verdict does
   // not put it on the menu.
-  for (const tier::Dimension& dim : plan_dimensions(priced, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
+  for (const tier::Dimension& dim : plan_dimensions(c, priced, PlanScope{})) EXPECT_NE(dim.option, "GHT_FP8");
   PlanScope cannot_run;
   cannot_run.fp8_why_not = "no sm_90 device here";
   const DecidedPlan without = decide_plan(c, priced, cannot_run);
@@ -326,7 +327,8 @@ TEST_F(PlanDecide, Fp8IsSearchedWhereSetOrPricedAndThePlanCountsItsCopiesAndItsF
 // (bench/results/2026-12-07-h100-backward-gradient-accumulation.md): bf16 accumulators halve the
 // bytes, so the backward is shorter by half the exposed traffic, and the forward is unchanged.
 TEST_F(PlanDecide, Bf16AccumulationShortensTheBackwardByHalfTheAccumulatorTraffic) {
-  const ModelConfig c = at_tokens("bench-h200", 1 << 16);
+  ModelConfig c = at_tokens("bench-h200", 1 << 16);
+  c.micro_batch_pinned = true;  // 16 micro-batches
   auto predict = [&](const char* accum) {
     const tier::PlanOptions o = machine(kH200, c, {"GHT_OPT_STATE=q8", std::string("GHT_GRAD_ACCUM=") + accum,
                                                    "GHT_OPT_SPECULATE=0"});
@@ -345,6 +347,84 @@ TEST_F(PlanDecide, Bf16AccumulationShortensTheBackwardByHalfTheAccumulatorTraffi
   // The table says it.
   const tier::Plan p = decide_plan(c, o, PlanScope{}).model.plan;
   EXPECT_NE(p.format_table(false).find("+ gradient accumulation"), std::string::npos);
+}
+
+// The micro-batch (model.micro_batch): on a GPU machine with one rank, the configured one and 2, 4, 8
+// times it where the accumulation steps divide and the micro-batch stays within
+// kMaxPlannedMicroBatchTokens; pinned by the configuration, absent on the CPU and with ranks.
+TEST_F(PlanDecide, TheMicroBatchIsSearchedWhereTheConfigurationLeavesItOpen) {
+  ModelConfig c = at_tokens("bench-h200", 1 << 16);  // 1 x 4096 tokens, 16 steps
+  const tier::PlanOptions o = machine(kH200, c, {});
+  auto values = [&](const ModelConfig& m, const tier::PlanOptions& po, const PlanScope& scope) {
+    std::vector<std::string> v;
+    for (const tier::Dimension& d : plan_dimensions(m, po, scope)) {
+      if (d.option != kMicroBatchOption) continue;
+      for (const auto& x : d.values) {
+        EXPECT_TRUE(x.exact) << x.value;
+        v.push_back(x.value);
+      }
+    }
+    return v;
+  };
+  EXPECT_EQ(values(c, o, PlanScope{}), (std::vector<std::string>{"1", "2", "4"}));  // 8 x 4096 > 16384
+  PlanScope two;
+  two.ranks = 2;
+  EXPECT_TRUE(values(c, o, two).empty());
+  EXPECT_TRUE(values(c, machine(Machine{"none", {}}, c, {}), PlanScope{}).empty());
+  ModelConfig odd = c;
+  odd.grad_accum = 6;  // 2 divides, 4 does not
+  EXPECT_EQ(values(odd, o, PlanScope{}), (std::vector<std::string>{"1", "2"}));
+  ModelConfig pinned = c;
+  pinned.micro_batch_pinned = true;
+  EXPECT_TRUE(values(pinned, o, PlanScope{}).empty());
+  // The shape of a setting keeps the tokens per step; one that cannot is refused by name.
+  const ModelConfig four = with_planned_shape(c, {{kMicroBatchOption, "4"}});
+  EXPECT_EQ(four.micro_batch, 4);
+  EXPECT_EQ(four.grad_accum, 4);
+  EXPECT_EQ(four.tokens_per_step(), c.tokens_per_step());
+  EXPECT_EQ(with_planned_shape(c, {{"GHT_OPT_STATE", "q8"}}).micro_batch, 1);
+  try {
+    (void)with_planned_shape(c, {{kMicroBatchOption, "3"}});
+    ADD_FAILURE() << "micro-batch 3 of 16 x 4096 tokens accepted";
+  } catch (const ght::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.micro_batch=3"), std::string::npos) << e.what();
+  }
+}
+
+// With room in HBM, fewer and larger micro-batches read and write the gradients fewer times: the
+// plan takes the largest micro-batch that it can, its accumulation term falls by that factor, and
+// it plans the activations of that micro-batch. Pinned, the configured micro-batch stays.
+TEST_F(PlanDecide, WithRoomInHbmTheLargerMicroBatchHalvesTheAccumulationAndIsChosen) {
+  const ModelConfig c = at_tokens("bench-h200", 1 << 16);
+  const tier::PlanOptions o = machine(kH200, c, {"GHT_OPT_STATE=q8", "GHT_GRAD_ACCUM=bf16", "GHT_OPT_SPECULATE=0"});
+  ModelConfig pinned = c;
+  pinned.micro_batch_pinned = true;
+  const DecidedPlan one = decide_plan(pinned, o, PlanScope{});
+  EXPECT_EQ(one.shape.micro_batch, 1);
+  EXPECT_EQ(one.reshaped, "");
+  const DecidedPlan d = decide_plan(c, o, PlanScope{});
+  SCOPED_TRACE(d.table(c));
+  ASSERT_GT(d.shape.micro_batch, 1);
+  EXPECT_EQ(d.shape.micro_batch * d.shape.grad_accum, 16);
+  EXPECT_EQ(d.shape.tokens_per_step(), c.tokens_per_step());
+  const tier::Prediction p1 = one.model.plan.prediction(), p = d.model.plan.prediction();
+  EXPECT_NEAR(p.accumulate_seconds * d.shape.micro_batch, p1.accumulate_seconds, 1e-6 * p1.accumulate_seconds);
+  EXPECT_LT(p.step_seconds, p1.step_seconds);
+  // The plan's activations are the chosen micro-batch's (each layer's grows with its tokens).
+  auto activation_bytes = [](const tier::Plan& p) {
+    for (const tier::Region& r : p.regions()) {
+      if (r.name == "layer0.activation") return r.bytes;
+    }
+    return std::uint64_t{0};
+  };
+  EXPECT_GT(activation_bytes(d.model.plan), activation_bytes(one.model.plan));
+  EXPECT_GT(activation_bytes(one.model.plan), 0u);
+  EXPECT_NE(d.reshaped.find("micro-batch chosen: " + std::to_string(d.shape.micro_batch) + " x 4096 tokens"),
+            std::string::npos)
+      << d.reshaped;
+  EXPECT_NE(d.table(c).find(d.reshaped), std::string::npos);
+  // The registry holds no such option: the micro-batch is the run's shape.
+  EXPECT_EQ(config::find_option(kMicroBatchOption), nullptr);
 }
 
 TEST_F(PlanDecide, Fp8IsNotSearchedForShapesTheGemmCannotTake) {

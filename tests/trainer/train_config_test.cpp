@@ -196,6 +196,25 @@ TEST(Presets, BenchH200IsTheModelOfConfigsBenchH200Toml) {
   EXPECT_EQ(preset("bench-h200-14l").layers, 14);
 }
 
+// The plan may choose the micro-batch only where the preset alone set it (plan_decide.hpp).
+TEST(MicroBatch, AFileOrAnOverridePinsItAndThePresetDoesNot) {
+  EXPECT_FALSE(resolve_train_config("bench-h200", "", {}).model.micro_batch_pinned);
+  EXPECT_FALSE(resolve_train_config("bench-h200", "", {"model.grad_accum=16"}).model.micro_batch_pinned);
+  const TrainConfig o = resolve_train_config("bench-h200", "", {"model.micro_batch=2"});
+  EXPECT_TRUE(o.model.micro_batch_pinned);
+  EXPECT_EQ(o.model.micro_batch, 2);
+  ght::test::TempDir dir("ght_micro_batch_pin");
+  const std::string run = dir / "run.toml", model = dir / "model.toml";
+  std::ofstream(run) << "[model]\npreset = \"bench-h200\"\nmicro_batch = 1\n";
+  std::ofstream(model) << "preset = \"bench-h200\"\nmicro_batch = 1\n";
+  EXPECT_TRUE(resolve_train_config("tiny", run, {}).model.micro_batch_pinned);
+  EXPECT_TRUE(load_model_config(model).micro_batch_pinned);
+  // A preset named after an explicit micro_batch starts over from the preset.
+  EXPECT_FALSE(resolve_train_config("tiny", "", {"model.micro_batch=2", "model.preset=small"}).model.micro_batch_pinned);
+  // The configuration's JSON (config.json, checkpoints) does not carry it.
+  EXPECT_FALSE(o.to_json()["model"].contains("micro_batch_pinned"));
+}
+
 TEST(FirstDifference, NamesTheDottedKeyPath) {
   const TrainConfig c = resolve_train_config("tiny", "", {});
   const nlohmann::json a = c.to_json();

@@ -41,6 +41,7 @@ inline TrainConfig small_run_config(const std::string& data, const std::string& 
   c.model.seq_len = 64;
   c.model.micro_batch = 4;
   c.model.grad_accum = 2;  // exercises accumulation and the per-unit gradient zeroing
+  c.model.micro_batch_pinned = true;  // the plan keeps these 2 micro-batches (plan_decide.hpp)
   c.data = data;
   c.out = out;
   c.steps = 6;
@@ -61,6 +62,7 @@ inline TrainConfig tiny_cpu_run_config(const std::string& data, const std::strin
   c.model.seq_len = 32;
   c.model.micro_batch = 2;
   c.model.grad_accum = 2;
+  c.model.micro_batch_pinned = true;  // on the cuda backend too: the schedules under test are per micro-batch
   c.data = data;
   c.out = out;
   c.steps = 6;

@@ -6,6 +6,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -82,6 +83,34 @@ __device__ __forceinline__ void quantize_tile_chunk(const float (&v)[kChunk], in
     for (int i = 0; i < kChunk; ++i) q[i] = encode(v[i], inv);
     store_chunk<VEC>(codes, n, q);
   }
+}
+
+// The row-tile walk of the 1 x 128 kernels: each warp takes two tiles at a time (one per half
+// warp), warps striding over the grid. For warp step w, TileSlot is this lane's share: the tile's
+// row and column in a matrix of `cols` columns, `across` tiles a row, the lane's first column, and
+// how many of its kChunk values lie in the row (0 past the end, or where the tile is not valid).
+struct TileSlot {
+  bool valid;
+  std::int64_t row, tile_col, col;
+  int n;
+};
+__device__ __forceinline__ std::int64_t first_tile_warp() {
+  return blockIdx.x * static_cast<std::int64_t>(blockDim.x / kWarp) + threadIdx.x / kWarp;
+}
+__device__ __forceinline__ std::int64_t tile_warp_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * (blockDim.x / kWarp);
+}
+__device__ __forceinline__ TileSlot tile_slot(std::int64_t w, std::int64_t tiles, std::int64_t across,
+                                              std::int64_t cols) {
+  const int half = (threadIdx.x % kWarp) / kLanesPerTile, lane = threadIdx.x % kLanesPerTile;
+  const std::int64_t t = 2 * w + half;
+  TileSlot s;
+  s.valid = t < tiles;
+  s.row = s.valid ? t / across : 0;
+  s.tile_col = s.valid ? t % across : 0;
+  s.col = s.tile_col * kFp8TileK + lane * kChunk;
+  s.n = s.valid ? static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(kChunk, cols - s.col))) : 0;
+  return s;
 }
 
 /// True when p is a multiple of `bytes` (the 8- and 16-byte paths need it).
