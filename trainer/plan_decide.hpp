@@ -13,7 +13,8 @@
  *                   where the caller allows it);
  *   GHT_OPT_SPECULATE  the undo arena of updates during the last backward, sized or none;
  *   GHT_FP8         the FP8 expert GEMMs, where they can run (fp8_menu in plan_decide.cpp);
- *   micro-batch     (model.micro_batch, a GPU machine, one rank) the configured micro-batch or 2, 4
+ *   micro-batch     (model.micro_batch, a GPU machine, one process: a data-parallel run keeps the
+ *                   configured one on every rank) the configured micro-batch or 2, 4
  *                   or 8 times it with as many fewer accumulation steps, at the same tokens per
  *                   step: exact. Each accumulation step reads and writes every HBM gradient once,
  *                   so fewer, larger micro-batches spend less of the backward on that traffic

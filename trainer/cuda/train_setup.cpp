@@ -78,6 +78,8 @@ void CudaRun::setup() {
 // The allocator and the plan it follows (the plan's LM-head rows, which the model must run with).
 std::int64_t CudaRun::plan_placement() {
   const ModelConfig& mc = cfg_.model;
+  // Data-parallel ranks step through one schedule of micro-batches: each keeps the configured one.
+  if (data_parallel()) cfg_.model.micro_batch_pinned = true;
   alloc_ = alloc::make_default_tiered_allocator();
   plan_base_ = run_plan_options(mc, *alloc_);
   plan_scope_ = local_plan_scope(mc, zero1() ? s_.comm->size() : 1, !cfg_.diloco.on());
