@@ -838,7 +838,9 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
   GHT_EXPECTS(!split.train.empty(), "no train_* shards under " + cfg.data + " (run `ght prep` first)");
   for (const auto& p : split.train) (void)read_shard_info(p);
   for (const auto& p : split.val) (void)read_shard(p, cfg.model.vocab);
-  shape_data();
+  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
+  if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
+  write_config();
 
   const double needed = static_cast<double>(cfg.steps) * static_cast<double>(tokens_per_step());
   const auto have = static_cast<double>(loader->tokens_per_epoch());
@@ -850,10 +852,7 @@ TrainSession::TrainSession(const TrainConfig& cfg_in, const TrainRunOptions& run
   }
 }
 
-void TrainSession::shape_data() {
-  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
-  val_loader.reset();
-  if (!split.val.empty()) val_loader = std::make_unique<DataLoader>(split.val, loader_options(cfg, false));
+void TrainSession::write_config() const {
   // The resolved configuration, for people and tools that look in the run directory (it is also
   // in log.jsonl's config record and in each checkpoint).
   if (leader()) {
@@ -869,10 +868,12 @@ void TrainSession::reshape(int micro_batch, int grad_accum) {
   if (micro_batch == cfg.model.micro_batch) return;
   say("the plan trains with micro-batches of " + std::to_string(micro_batch) + " sequences, " +
       std::to_string(grad_accum) + " per step (configured: " + std::to_string(cfg.model.micro_batch) + " x " +
-      std::to_string(cfg.model.grad_accum) + "); evaluation reads train.eval_batches micro-batches of that size");
+      std::to_string(cfg.model.grad_accum) + "); evaluation keeps the configured micro-batch, so it reads the "
+      "same held-out tokens");
   cfg.model.micro_batch = micro_batch;
   cfg.model.grad_accum = grad_accum;
-  shape_data();
+  loader = std::make_unique<DataLoader>(split.train, loader_options(cfg, true));
+  write_config();
 }
 
 void TrainSession::say(const std::string& s) const {

@@ -81,8 +81,9 @@ class TrainSession {
   void say(const std::string& s) const;
   /**
    * @brief Train with `micro_batch` sequences per micro-batch and `grad_accum` of them per step
-   * (the plan's choice, same tokens per step) before the first step: the loaders are made again
-   * and config.json rewritten. Evaluation reads train.eval_batches micro-batches of the new size.
+   * (the plan's choice, same tokens per step) before the first step: the training loader is made
+   * again and config.json rewritten. The held-out loader keeps the configured micro-batch, so that
+   * evaluation reads the same tokens whatever the plan chose (backends evaluate Batch::batch rows).
    * @throws ght::logic_error when the tokens per step would change
    */
   void reshape(int micro_batch, int grad_accum);
@@ -105,7 +106,7 @@ class TrainSession {
   std::shared_ptr<dist::Communicator> comm;
 
  private:
-  void shape_data();  // the loaders for cfg.model's micro-batch, and config.json
+  void write_config() const;  // config.json in the run directory (rank 0)
   std::unique_ptr<RunDirLock> lock_;
 };
 

@@ -189,7 +189,7 @@ class CpuBackend final : public TrainBackend {
   }
 
   double eval_loss(const Batch& b) override {
-    return model_.forward(b.inputs.data(), b.targets.data(), cfg_.model.micro_batch, cfg_.model.seq_len).ce;
+    return model_.forward(b.inputs.data(), b.targets.data(), b.batch, b.seq_len).ce;
   }
 
  private:

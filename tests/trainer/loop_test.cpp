@@ -223,3 +223,50 @@ TEST(Checkpoint, DirectoryNamedForAnotherStepIsRefused) {
 }
 
 }  // namespace
+
+// TrainSession::reshape (the plan's micro-batch, trainer/plan_decide.hpp): the tokens per step stay,
+// the training loader takes the new micro-batch, the held-out loader keeps the configured one (the
+// same eval tokens), config.json says what trains, and a checkpoint of that shape resumed at the
+// configured one names the override that resumes it.
+TEST(Loop, AReshapedSessionKeepsTheTokensAndTheHeldOutBatchesAndAResumeNamesTheMicroBatch) {
+  ght::test::TempDir tmp("ght_loop_test");
+  write_corpus(tmp / "data");
+  TrainConfig cfg = small_config(tmp / "data", tmp / "four");  // 2 x 32 tokens, 2 per step
+  cfg.steps = cfg.schedule.total_steps = 2;
+  {
+    TrainSession s(cfg, quiet());
+    const std::string bad = error_of<ght::logic_error>([&] { s.reshape(3, 1); });
+    EXPECT_NE(bad.find("does not keep the step's 128 tokens"), std::string::npos) << bad;
+    s.reshape(4, 1);
+    EXPECT_EQ(s.cfg.model.micro_batch, 4);
+    EXPECT_EQ(s.cfg.model.grad_accum, 1);
+    EXPECT_EQ(s.tokens_per_step(), 128);
+    Batch b;
+    s.loader->next(b);
+    EXPECT_EQ(b.batch, 4);
+    ASSERT_TRUE(s.val_loader != nullptr);
+    s.val_loader->next(b);
+    EXPECT_EQ(b.batch, 2);
+    std::ifstream f(cfg.out + "/config.json");
+    const auto saved = nlohmann::json::parse(f).at("model");
+    EXPECT_EQ(saved.at("micro_batch"), 4);
+    EXPECT_EQ(saved.at("grad_accum"), 1);
+  }
+  TrainRunOptions overwrite = quiet();
+  overwrite.overwrite = true;
+  {
+    TrainSession s(cfg, overwrite);
+    s.reshape(4, 1);
+    const auto be = make_cpu_backend(s);
+    const TrainSummary sum = run_training(*be, s);
+    EXPECT_EQ(sum.last_step, 2);
+    EXPECT_TRUE(sum.eval_loss.has_value());
+  }
+  TrainConfig more = cfg;
+  more.steps = more.schedule.total_steps = 3;
+  TrainRunOptions resume = quiet();
+  resume.resume = "auto";
+  const std::string msg = error_of<ght::logic_error>([&] { (void)train(more, resume); });
+  EXPECT_NE(msg.find("model.micro_batch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("add -o model.micro_batch=4"), std::string::npos) << msg;
+}

@@ -101,7 +101,7 @@ bool CudaRun::recover_after_failed_step() {
 
 double CudaRun::eval_loss(const Batch& b) {
   // The forward hooks wait for the pending update (training_ is false: nothing is zeroed).
-  return model_->forward(b.inputs.data(), b.targets.data(), cfg_.model.micro_batch, cfg_.model.seq_len).ce;
+  return model_->forward(b.inputs.data(), b.targets.data(), b.batch, b.seq_len).ce;
 }
 
 
