@@ -88,25 +88,43 @@ void plan_candidate(Candidate& c, const PlanCandidate& plan_one) {
   }
 }
 
-// Departures from the defaults: inexact choices, and prefer_first dimensions off their first value.
-std::size_t departures(const Candidate& c, const std::vector<Dimension>& dims) {
-  std::size_t n = c.inexact.size();
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i].prefer_first && c.settings[i].second != dims[i].values.front().value) ++n;
-  }
-  return n;
+// The candidate keeps the first value of dimension d.
+bool keeps_first(const Candidate& c, const std::vector<Dimension>& dims, std::size_t d) {
+  return c.settings[d].second == dims[d].values.front().value;
 }
 
-// The chosen candidate: the fastest admitted one, or one with fewer departures within
-// kPreferExactWithin of it.
-std::optional<std::size_t> choose(const std::vector<Candidate>& ranked, const std::vector<Dimension>& dims) {
-  if (ranked.empty() || !ranked[0].plan || !ranked[0].admitted) return std::nullopt;
-  const double limit = ranked[0].rank_seconds() * (1 + kPreferExactWithin);
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < ranked.size() && ranked[i].plan && ranked[i].admitted; ++i) {
-    if (ranked[i].rank_seconds() <= limit && departures(ranked[i], dims) < departures(ranked[best], dims)) best = i;
+// a and b agree on every prefer_first_within dimension.
+bool same_preferred(const Candidate& a, const Candidate& b, const std::vector<Dimension>& dims) {
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].prefer_first_within > 0 && a.settings[d].second != b.settings[d].second) return false;
   }
-  return best;
+  return true;
+}
+
+// The chosen candidate (see the file comment of plan_search.hpp): the fastest admitted one, held
+// to the first value of each prefer_first_within dimension where that costs less than its share,
+// then one with fewer inexact choices within kPreferExactWithin of it.
+std::optional<std::size_t> choose(const std::vector<Candidate>& ranked, const std::vector<Dimension>& dims) {
+  auto admitted = [&](std::size_t i) { return i < ranked.size() && ranked[i].plan && ranked[i].admitted; };
+  if (!admitted(0)) return std::nullopt;
+  std::size_t best = 0;
+  for (std::size_t d = 0; d < dims.size(); ++d) {
+    if (dims[d].prefer_first_within <= 0 || keeps_first(ranked[best], dims, d)) continue;
+    for (std::size_t i = 0; admitted(i); ++i) {
+      if (!keeps_first(ranked[i], dims, d)) continue;
+      if (ranked[i].rank_seconds() <= ranked[best].rank_seconds() * (1 + dims[d].prefer_first_within)) best = i;
+      break;
+    }
+  }
+  const double limit = ranked[best].rank_seconds() * (1 + kPreferExactWithin);
+  std::size_t chosen = best;
+  for (std::size_t i = 0; admitted(i); ++i) {
+    if (ranked[i].rank_seconds() <= limit && same_preferred(ranked[i], ranked[best], dims) &&
+        ranked[i].inexact.size() < ranked[chosen].inexact.size()) {
+      chosen = i;
+    }
+  }
+  return chosen;
 }
 
 std::string gives_up(const Candidate& c) {

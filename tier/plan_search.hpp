@@ -11,10 +11,11 @@
  * make_plan), drops what cannot fit, prices the inexact choices with the accuracy ledger under the
  * user's tolerance, and ranks what is left by predicted step time. Combinations the tolerance
  * refuses are planned only when no admitted one fits (to list the nearest plans that do):
- *   - the chosen plan is the fastest admitted one; where an admitted plan with fewer departures
- *     (inexact choices, and values other than the first of a prefer_first dimension) is within
- *     kPreferExactWithin of it, that one is chosen instead (an inexact choice, or a change of the
- *     configured micro-batch, must be faster, or needed to fit);
+ *   - the chosen plan is the fastest admitted one, except that a dimension with
+ *     prefer_first_within keeps its first value (the configured micro-batch) where the fastest
+ *     admitted plan that keeps it is within that share; then, where an admitted plan with fewer
+ *     inexact choices (and the same values of those dimensions) is within kPreferExactWithin of
+ *     the choice, that one is chosen instead (an inexact choice must be faster, or needed to fit);
  *   - when no admitted plan fits, the search refuses (plan_refused), and the message lists the
  *     nearest plans that fit, each with the exact settings to use and its price.
  *
@@ -57,10 +58,10 @@ struct Dimension {
   std::string what;                    ///< table label, e.g. "m/v"
   std::vector<DimensionValue> values;  ///< the exact default first
   std::optional<std::string> pinned;   ///< the user's value: the only one searched
-  /// An exact dimension whose first value is the configuration's own (the micro-batch): another
-  /// value counts as a departure, like an inexact choice, when the search prefers plans with fewer
-  /// departures within kPreferExactWithin of the fastest.
-  bool prefer_first = false;
+  /// > 0: an exact dimension whose first value is the configuration's own (the micro-batch). The
+  /// chosen plan keeps that value unless leaving it is predicted faster by more than this share
+  /// (the step model's measured error for this dimension).
+  double prefer_first_within = 0;
 };
 
 /// A dimension's values as the registry pins them: `values` when the user left `option` unset

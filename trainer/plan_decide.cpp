@@ -133,7 +133,7 @@ namespace {
 // is possible.
 std::optional<tier::Dimension> micro_batch_dimension(const ModelConfig& cfg, bool honour_pins) {
   if (honour_pins && cfg.micro_batch_pinned) return std::nullopt;
-  tier::Dimension d{kMicroBatchOption, "micro-batch", {}, std::nullopt, true};
+  tier::Dimension d{kMicroBatchOption, "micro-batch", {}, std::nullopt, kPreferConfiguredMicroBatchWithin};
   for (int f = 1; f <= 8; f *= 2) {
     const std::int64_t tokens = static_cast<std::int64_t>(cfg.seq_len) * cfg.micro_batch * f;
     if (cfg.grad_accum % f != 0 || (f > 1 && tokens > kMaxPlannedMicroBatchTokens)) continue;

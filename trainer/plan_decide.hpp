@@ -20,8 +20,8 @@
  *                   so fewer, larger micro-batches spend less of the backward on that traffic
  *                   (Access::backward_hbm_bytes), at the price of their activations' HBM. Only
  *                   micro-batches of at most kMaxPlannedMicroBatchTokens are tried, and another
- *                   than the configured one is taken only where it is faster by more than
- *                   tier::kPreferExactWithin (Dimension::prefer_first).
+ *                   than the configured one is taken only where it is predicted faster by more
+ *                   than kPreferConfiguredMicroBatchWithin (Dimension::prefer_first_within).
  * An option the user set pins its dimension; model.micro_batch set in a file or an override pins
  * the micro-batch (ModelConfig::micro_batch_pinned). The chosen GHT_* values are applied to the
  * registry with source `plan` (config::Registry::set_planned), so that the allocator, the model
@@ -50,6 +50,14 @@ inline constexpr const char* kMicroBatchOption = "model.micro_batch";
 /// The largest micro-batch the search tries, in tokens: the largest measured on the seed's layer
 /// shapes (bench-h200, 4 x 4096 tokens, 2026-12-02).
 inline constexpr std::int64_t kMaxPlannedMicroBatchTokens = 16384;
+
+/// Another micro-batch than the configured one is chosen only where it is predicted faster by more
+/// than this share. The step model's prediction of a micro-batch change, measured against the
+/// configured micro-batch in one call each (H100, 2026-12-07,
+/// bench/results/2026-12-07-h100-plan-micro-batch.md): bench-h200 at 64k, 1 -> 4 sequences,
+/// predicted 2.7% faster, measured 5.2%; seed-21b's layers at 262k, 1 -> 2, predicted 2.1% faster,
+/// measured 1.9% slower. 2.5% keeps the gain measured and leaves the loss.
+inline constexpr double kPreferConfiguredMicroBatchWithin = 0.025;
 
 /// `cfg` with the micro-batch of `settings` (kMicroBatchOption) and the accumulation steps that
 /// keep its tokens per step; `cfg` itself where the settings do not set it.
