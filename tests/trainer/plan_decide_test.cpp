@@ -446,6 +446,18 @@ TEST_F(PlanDecide, WithRoomInHbmTheLargerMicroBatchHalvesTheAccumulationAndIsCho
   EXPECT_EQ(config::find_option(kMicroBatchOption), nullptr);
 }
 
+// The GPU test's run (cuda_plan_test.cu, AnOpenMicroBatchTrainsAsPlannedAndResumes): tiny at 2 x 4
+// sequences of 64 tokens, whose accumulation passes are a large share of its step, folds them.
+TEST_F(PlanDecide, ATinyModelFoldsItsTwoMicroBatchesIntoOne) {
+  ModelConfig c = preset("tiny");
+  c.seq_len = 64;
+  c.micro_batch = 4;
+  c.grad_accum = 2;
+  const DecidedPlan d = decide_plan(c, machine(kH200, c, {}), PlanScope{});
+  EXPECT_EQ(d.shape.micro_batch, 8) << d.table(c);
+  EXPECT_EQ(d.shape.grad_accum, 1);
+}
+
 TEST_F(PlanDecide, Fp8IsNotSearchedForShapesTheGemmCannotTake) {
   ModelConfig c = preset("bench-h200");
   c.expert_ffn = 808;  // not a multiple of 16
