@@ -199,7 +199,12 @@ std::string Candidate::changes(const std::vector<Dimension>& dims) const {
     const bool is_default = !dims[i].values.empty() && settings[i].second == dims[i].values.front().value &&
                             !dims[i].pinned;
     if (is_default) continue;
-    s += (s.empty() ? "" : " ") + settings[i].first + "=" + settings[i].second;
+    // GHT_* options are set in the environment; others (model.micro_batch) with `-o`.
+    if (!s.empty()) s += ' ';
+    if (!settings[i].first.starts_with("GHT_")) s += "-o ";
+    s += settings[i].first;
+    s += '=';
+    s += settings[i].second;
   }
   return s.empty() ? "(defaults)" : s;
 }

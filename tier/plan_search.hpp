@@ -106,8 +106,9 @@ struct Candidate {
   /// measured, they do not (bench-h200 on the H100: q8's update 79 ms for 5.85B parameters, fp32's
   /// about 70 ms scaled from seed-21b's layers), so the HBM update does not pick the precision.
   [[nodiscard]] double rank_seconds() const;
-  /// "GHT_OPT_STATE=q8 GHT_GRAD_ACCUM=bf16": the settings that differ from the exact defaults
-  /// (the first value of each dimension), or "(defaults)".
+  /// "GHT_OPT_STATE=q8 GHT_GRAD_ACCUM=bf16 -o model.micro_batch=4": the settings that differ from
+  /// the defaults (the first value of each dimension), GHT_* options as environment settings and
+  /// the others as `ght` overrides, or "(defaults)".
   [[nodiscard]] std::string changes(const std::vector<Dimension>& dims) const;
 };
 

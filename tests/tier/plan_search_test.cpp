@@ -147,7 +147,7 @@ TEST(PlanSearch, APreferFirstDimensionLeavesItsFirstValueOnlyForMoreThanItsShare
   const SearchResult close = search(9.8);  // 2% faster: the configured micro-batch stays
   EXPECT_EQ(close.best().changes(close.dimensions), "(defaults)");
   const SearchResult faster = search(9.5);  // 5% faster: taken, and still exact
-  EXPECT_EQ(faster.best().changes(faster.dimensions), "model.micro_batch=2");
+  EXPECT_EQ(faster.best().changes(faster.dimensions), "-o model.micro_batch=2");
   EXPECT_TRUE(faster.best().inexact.empty());
 }
 
