@@ -86,9 +86,10 @@ std::int64_t CudaRun::plan_placement() {
   const std::optional<tier::Measurements> measured = tier::configured_measurements();
   DecidedPlan decided = decide_plan(mc, plan_base_, plan_scope_, measured ? &*measured : nullptr);
   plan_settings_ = decided.search.best().settings;
-  s_.reshape(decided.shape.micro_batch, decided.shape.grad_accum);  // mc is cfg_.model: reshaped with it
-  cfg_.model.micro_batch = decided.shape.micro_batch;
-  cfg_.model.grad_accum = decided.shape.grad_accum;
+  // The session's loader and config.json, and this run's copy of the configuration (mc), train the
+  // chosen micro-batch.
+  s_.reshape(decided.shape.micro_batch, decided.shape.grad_accum);
+  cfg_.model = decided.shape;
   ModelPlan& run_plan = decided.model;
   plan_ = std::move(run_plan.plan);
   predicted_ = tier::predicted_phases(plan_->prediction());
