@@ -86,7 +86,7 @@ std::int64_t CudaRun::plan_placement() {
   const std::optional<tier::Measurements> measured = tier::configured_measurements();
   DecidedPlan decided = decide_plan(mc, plan_base_, plan_scope_, measured ? &*measured : nullptr);
   plan_settings_ = decided.search.best().settings;
-  // The session's loader and config.json, and this run's copy of the configuration (mc), train the
+  // TrainSession's loader and config.json, and this run's copy of the configuration (mc), train the
   // chosen micro-batch.
   s_.reshape(decided.shape.micro_batch, decided.shape.grad_accum);
   cfg_.model = decided.shape;
