@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One model at several micro-batches, the same tokens per step, each run's last step traced
+# (CUPTI, `ght train --trace-kernels`): where a larger micro-batch gains or loses time, per op.
+#
+#   bash bench/trainer/micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]
+#
+# ROWS: micro-batch rows per step at micro-batch 1 (grad_accum at MB is ROWS / MB, which must
+# divide). The micro-batch and grad_accum are set with -o, so they are pinned: the plan chooses
+# everything else. Each run: 3 steps, all profiled, no checkpoint written, random tokens
+# (bench/make_bench_data.sh: throughput only).
+# Output, per MB: OUT_DIR/mb<MB>.log, mb<MB>.kernel_breakdown.{md,json}, mb<MB>.profile.json.
+set -uo pipefail
+GHT=${1:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
+OUT_DIR=${2:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
+ROWS=${3:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
+shift 3
+mbs=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do mbs+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+cd "$(dirname "$0")/../.."
+mkdir -p "$OUT_DIR"
+bash bench/make_bench_data.sh "$GHT" || exit 1
+fail=0
+for mb in "${mbs[@]}"; do
+  if [ $((ROWS % mb)) -ne 0 ]; then
+    echo "micro_batch_trace: micro-batch $mb does not divide $ROWS rows"; fail=1; continue
+  fi
+  run=build-gpu/train-runs/mbtrace-$mb
+  echo "=== micro-batch $mb x $((ROWS / mb)) $(date -u +%T): ght train $*"
+  GHT_SAVE_CHECKPOINTS=off timeout "${TRACE_LIMIT_S:-300}" "$GHT" train --config configs/bench-h200.toml "$@" \
+    -o model.micro_batch="$mb" -o model.grad_accum=$((ROWS / mb)) --out "$run" --overwrite \
+    --steps 3 --profile-steps 3 --trace-kernels 2>&1 | tee "$OUT_DIR/mb$mb.log" | grep -E "^(plan|predicted|step [0-9]+/)"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL: micro-batch $mb"; fail=1; }
+  for f in kernel_breakdown.md kernel_breakdown.json profile.json; do cp "$run/$f" "$OUT_DIR/mb$mb.$f" 2>/dev/null; done
+  rm -rf "$run"
+done
+exit $fail
