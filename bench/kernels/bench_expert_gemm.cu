@@ -212,6 +212,10 @@ int main(int argc, char** argv) {
         // The same layer at micro-batch 4 (16k tokens per call, ~1,365 rows per expert): the
         // split that runs bench-h200's 64k-token step fastest (bench/NOTES.md, 16k-token micro-batches).
         {"bench-h200 mb4 uniform", 48, 4, 16384, 4096, 800, 0.0},
+        // seed-21b's layer (64 experts x ffn 800 over d_model 4096, top-4) at micro-batch 1 and 2
+        // of 4,096 tokens: 256 and 512 rows per expert on average.
+        {"seed-21b uniform", 64, 4, 4096, 4096, 800, 0.0},
+        {"seed-21b mb2 uniform", 64, 4, 8192, 4096, 800, 0.0},
         {"hw-ref 64x1024 2048->1408", 64, 1, 65536, 2048, 1408, 0.0},
         // Two sweep shapes' layers (bench/trainer/sweep.py): many small experts.
         {"qwen3-like 128x768 top-8", 128, 8, 8192, 2048, 768, 0.0},
