@@ -148,7 +148,7 @@ struct PlanOptions {
   /// FLOPs per step of the fused LM head and loss, forward and backward (6·V·d per token), which
   /// run in the backward phase at their own rate (GHT_ASSUMED_HEAD_TFLOPS); 0 = none counted.
   double head_flops = 0;
-  double head_tflops = 720;
+  double head_tflops = 760;
   /// Seconds of the LM head and loss per step: head_flops at head_tflops.
   [[nodiscard]] double head_seconds() const { return head_flops / (head_tflops * 1e12); }
   /// Double-buffered pinned staging the gradient stream needs, reserved in host memory while

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <string>
 #include <tuple>
 
@@ -27,6 +28,7 @@ struct Group {
   double frequency = 0;
   double weight_reads = 0;  // bytes the GPU reads of the bf16 weight per micro-batch
   double backward_left = 0; // share of backward still to run once its gradient is complete
+  double head_chunks = 0;   // LM-head chunks per micro-batch whose dW GEMM accumulates this gradient
 };
 
 // The share of HBM bandwidth the update of state of type `st` in HBM reaches.
@@ -94,14 +96,17 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   acc_hbm.routing_tokens = routed;
   // The weight-gradient GEMMs read and write the accumulator each micro-batch; what they do not
   // hide lengthens the backward. The tied embedding's (and an untied LM head's) is the LM head's
-  // GEMM, timed with the head; the input embedding's is a scatter of the micro-batch's rows.
-  // Streamed, the GEMM writes the bf16 gradient and the copy reads it: counted the same, one access
-  // in both lists, so that a gradient's tier does not change its backward (streaming's own HBM
-  // traffic is not measured yet; the placement trades it on link and memory alone).
-  Access backward_pass = make_access("compute", ga, 1.0, GpuPath::copy);
+  // dW GEMM, once per chunk and not hidden (kLmHeadAccumulatorExposed); the untied input
+  // embedding's is a scatter of the micro-batch's rows (not counted). Streamed, the GEMM writes
+  // the bf16 gradient and the copy reads it: counted the same, one access in both lists, so that a
+  // gradient's tier does not change its backward (streaming's own HBM traffic is not measured
+  // yet; the placement trades it on link and memory alone).
+  const bool head = g.head_chunks > 0;
+  Access backward_pass = make_access("compute", head ? ga * g.head_chunks : ga, 1.0, GpuPath::copy);
   backward_pass.backward_hbm_bytes = 2.0 * static_cast<double>(gb) * P;
   backward_pass.backward_exposed =
-      g.name != "embed" && g.name != "lm_head" ? config::cfg().get_float(config::Key::GHT_ASSUMED_ACC_EXPOSED) : 0.0;
+      head ? kLmHeadAccumulatorExposed
+           : (g.name == "embed" ? 0.0 : config::cfg().get_float(config::Key::GHT_ASSUMED_ACC_EXPOSED));
   backward_pass.routing_tokens = routed;
   Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
   opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P_rank;
@@ -196,9 +201,7 @@ ActivationSizes activation_sizes(const ModelConfig& c, std::int64_t lm_head_rows
   // weight; tokens, targets, positions; the LM-head chunk (bf16 logits, default_ce_chunk_rows);
   // the loss read-back slots (63) and the router losses.
   const std::uint64_t shared_per_token = 2 * 5 * d + 4 + 2 * HD + 2 * QKV + 2 * QK + K * (2 * d + 2 * 3 * F + 4) + 3 * 4;
-  const auto ce_rows = static_cast<std::uint64_t>(
-      std::min(lm_head_rows > 0 ? lm_head_rows : default_ce_chunk_rows(static_cast<std::int64_t>(N), c.vocab),
-               static_cast<std::int64_t>(N)));
+  const auto ce_rows = static_cast<std::uint64_t>(lm_head_chunk_rows(c, lm_head_rows));
   const std::uint64_t ce = (ce_rows * V * 2 + 255) / 256 * 256;
   const std::uint64_t slots = cuda_loss_slot_bytes(c.layers) * kCudaLossSlots + 8 * L;
   s.workspace = shared_per_token * N + ce + slots;
@@ -234,6 +237,11 @@ std::int64_t chunk_rows(std::int64_t tokens, std::int64_t vocab, std::uint64_t l
 
 std::int64_t ce_chunk_rows_within(std::int64_t tokens, std::int64_t vocab, std::uint64_t logits_bytes) {
   return chunk_rows(tokens, vocab, logits_bytes, false);
+}
+
+std::int64_t lm_head_chunk_rows(const ModelConfig& c, std::int64_t lm_head_rows) {
+  const std::int64_t N = static_cast<std::int64_t>(c.seq_len) * c.micro_batch;
+  return std::min(lm_head_rows > 0 ? lm_head_rows : default_ce_chunk_rows(N, c.vocab), N);
 }
 
 std::int64_t default_ce_chunk_rows(std::int64_t tokens, std::int64_t vocab) {
@@ -274,9 +282,17 @@ ModelPlan plan_model(const ModelConfig& c, const tier::PlanOptions& options, int
   const bool same = a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const tier::Decision& x, const tier::Decision& y) {
                       return x.tier == y.tier && x.mode == y.mode;
                     });
-  if (!same) return noted(base, small, short_of);
-  return noted(wide, fast, fast == N ? "the whole micro-batch, in HBM the plan leaves free"
-                                     : "equal chunks under 2 GiB (a power-of-two count), in HBM the plan leaves free");
+  const std::string what = fast == N ? "the whole micro-batch" : "equal chunks under 2 GiB (a power-of-two count)";
+  if (same) return noted(wide, fast, what + ", in HBM the plan leaves free");
+  // The trade: fewer passes over the head's gradient against what the larger logits displace.
+  const double t_wide = wide.prediction().step_seconds, t_small = base.prediction().step_seconds;
+  char steps[96];
+  std::snprintf(steps, sizeof steps, " (predicted step %.3f s against %.3f s at %lld rows)", t_wide, t_small,
+                static_cast<long long>(small));
+  if (t_wide < t_small) {
+    return noted(wide, fast, what + ": it moves regions out of HBM but predicts the shorter step" + steps);
+  }
+  return noted(base, small, short_of + steps);
 }
 
 std::string plan_group_of(std::string_view tensor) {
@@ -344,17 +360,21 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, 
   out.reserve(static_cast<std::size_t>(c.layers) * (6 + 5 * c.experts) + 16);
 
   const std::int64_t table = static_cast<std::int64_t>(c.vocab) * c.d_model;
+  const std::int64_t head_rows = lm_head_chunk_rows(c, lm_head_rows);
+  const double head_chunks = static_cast<double>((static_cast<std::int64_t>(tokens) + head_rows - 1) / head_rows);
   // The tied table is the LM head's GEMM operand: read in forward and backward.
   // Backward runs from the LM head down to the embedding lookup: the final norm's and the LM
   // head's gradients are complete first (all backward left), the embedding's last (none).
-  Group embed{"embed", "embedding", table, -1, -1, 0, 2.0 * 2.0 * static_cast<double>(table), 0.0};
+  Group embed{"embed", "embedding", table, -1, -1, 0, 2.0 * 2.0 * static_cast<double>(table), 0.0, head_chunks};
   if (!c.tied_embeddings) {
     // The untied input embedding is a gather: only the micro-batch's rows are read.
     embed.weight_reads = 2.0 * std::min(2.0 * static_cast<double>(table), 2.0 * tokens * c.d_model);
+    embed.head_chunks = 0;
   }
   add_group(c, embed, st, ranks, out);
   if (!c.tied_embeddings) {
-    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0}, st, ranks, out);
+    add_group(c, {"lm_head", "embedding", table, -1, -1, 0, 4.0 * static_cast<double>(table), 1.0, head_chunks}, st,
+              ranks, out);
   }
   const ActivationSizes act = activation_sizes(c, lm_head_rows);
   for (int l = 0; l < c.layers; ++l) {

@@ -106,11 +106,26 @@ struct ModelPlan {
   std::int64_t lm_head_rows = 0;  ///< what the CUDA model must run with (CudaModelOptions::ce_chunk_rows)
 };
 
+/// Rows per LM-head chunk of cfg's micro-batch as the CUDA model runs it: `lm_head_rows` (capped
+/// at the micro-batch) when positive, else default_ce_chunk_rows.
+[[nodiscard]] std::int64_t lm_head_chunk_rows(const ModelConfig& cfg, std::int64_t lm_head_rows = 0);
+
+/// The share of the LM head's gradient accumulation that its dW GEMM leaves exposed. Each chunk's
+/// dW GEMM reads and writes the whole (vocab, d_model) gradient: on the H200 (fp32 gradient),
+/// 80 chunks of 832 rows per step against 16 of 4,096 cost 92 ms more (1.44 ms a chunk against the
+/// 1.12 ms of that traffic at 4.43 TB/s); on the H100 (bf16 gradient, seed-21b's layers), 320
+/// chunks against 64 cost 333 ms more (1.30 ms against 0.74 ms at 3.35 TB/s). The traffic is not
+/// hidden; the rest is the smaller GEMMs' lower rate, which the plan does not count
+/// (bench/NOTES.md, "The LM head's chunks in the plan").
+inline constexpr double kLmHeadAccumulatorExposed = 1.0;
+
 /**
- * @brief Plan cfg's regions (model_regions) as `ght train` runs them, with the LM-head chunk sized
- * from free HBM: default_ce_chunk_rows when planning with it decides every region as planning
+ * @brief Plan cfg's regions (model_regions) as `ght train` runs them, with the LM-head chunk
+ * chosen by the plan: default_ce_chunk_rows when planning with it decides every region as planning
  * with the small chunk (kLmHeadSmallLogits) does (its extra logits then come out of HBM that plan
- * leaves free), else the small chunk. GHT_LM_HEAD_ROWS, when set, is planned as it is.
+ * leaves free), or when it predicts the shorter step although it moves regions (fewer chunks pass
+ * over the head's gradient fewer times: model_regions counts each pass), else the small chunk.
+ * GHT_LM_HEAD_ROWS, when set, is planned as it is.
  * `ght plan` and `ght train` both call it, so they plan and size alike; the plan's last note
  * says which chunk it counts and why.
  * @throws what tier::make_plan throws, for the small chunk's plan

@@ -119,8 +119,9 @@ TEST(PlanPhases, TheLmHeadIsTimedInTheBackwardAtItsOwnRate) {
 // tokens/step on the H200 (docs/options.md, GHT_ASSUMED_TFLOPS), 14.1 s and 39.1 s, bf16; and
 // bench-h200 (10 layers of 48 experts) at 64k tokens/step on the H100 (bench/results/
 // 2026-12-07-h100-backward-gradient-accumulation.md), 0.312 s and 1.144 s, fp32. One layers' ratio,
-// one LM head rate and the accumulators' exposed traffic explain all three, where a single ratio for
-// the whole backward (3.46, 2.77, 3.67) cannot.
+// one LM head rate and the accumulators' exposed traffic (the layers' at GHT_ASSUMED_ACC_EXPOSED,
+// the head's once per chunk, here one chunk per micro-batch, unhidden) explain all three, where a
+// single ratio for the whole backward (3.46, 2.77, 3.67) cannot.
 TEST(PlanPhases, OneLayerRatioTheHeadAndTheAccumulationExplainTheRecordedRuns) {
   const PlanOptions defaults;
   struct Run { double layers, experts, tokens, forward, backward, grad_bytes, hbm_bps; };
@@ -135,8 +136,11 @@ TEST(PlanPhases, OneLayerRatioTheHeadAndTheAccumulationExplainTheRecordedRuns) {
     const double n_layers = r.layers * (50602240.0 + r.experts * 9830400.0);
     const double F = (6 * n_active + 12 * r.layers * 40 * 128 * 4096) * r.tokens;
     const double H = 6.0 * 151936 * 4096 * r.tokens;
-    // Each micro-batch of 4,096 tokens reads and writes every layer gradient once.
-    const double acc = r.tokens / 4096 * n_layers * 2 * r.grad_bytes / r.hbm_bps * 0.5;  // GHT_ASSUMED_ACC_EXPOSED
+    // Each micro-batch of 4,096 tokens reads and writes every layer gradient once, and the head's
+    // (the tied embedding's) once per chunk.
+    const double micro_batches = r.tokens / 4096;
+    const double acc = micro_batches * n_layers * 2 * r.grad_bytes / r.hbm_bps * 0.5 +  // GHT_ASSUMED_ACC_EXPOSED
+                       micro_batches * 151936.0 * 4096 * 2 * r.grad_bytes / r.hbm_bps;  // kLmHeadAccumulatorExposed
     MeasuredPhases m;
     m.step_flops = F;
     m.forward_seconds = r.forward;

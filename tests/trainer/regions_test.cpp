@@ -160,7 +160,11 @@ TEST(ModelRegions, Seed21bShape) {
     }
     if (r.name == "embed.grad") {
       EXPECT_FALSE(r.host_access->at(2).overlappable);  // finished last: critical path
-      EXPECT_EQ(r.host_access->at(5).backward_exposed, 0.0);  // the LM head's GEMM, timed with it
+      // The LM head's dW GEMM passes over it once per chunk (one of 4,096 rows), unhidden.
+      const tier::Access& pass = r.host_access->at(5);
+      EXPECT_EQ(pass.backward_exposed, kLmHeadAccumulatorExposed);
+      EXPECT_DOUBLE_EQ(pass.times_per_step, 8.0);
+      EXPECT_DOUBLE_EQ(pass.backward_hbm_bytes, 2.0 * static_cast<double>(r.bytes));
     }
   }
   EXPECT_DOUBLE_EQ(model_step_flops(c), c.flops_per_token() * 4096 * 8);
@@ -367,11 +371,17 @@ TEST(PlanScenarios, Q8StateShrinksTheHostStateBelowBf16) {
   EXPECT_LE(p.prediction().step_seconds, bf16->prediction().step_seconds);
 }
 
+// Every layer gradient accumulates in HBM. The embedding's (the LM head's) may stream to the host:
+// it is the largest, and the whole micro-batch's LM-head chunk is worth more of HBM than it.
 TEST(PlanScenarios, Seed21bOnGh200With141GBKeepsGradsInHbm) {
   const Plan p = plan_for("seed-21b", "gh200", {"GHT_HBM_BUDGET=141G"});
   SCOPED_TRACE(p.format_table(true));
   expect_within_budgets(p);
-  EXPECT_EQ(p.mode_summary(TensorClass::grad), "accumulate");
+  for (std::size_t i = 0; i < p.regions().size(); ++i) {
+    const Region& r = p.regions()[i];
+    if (r.cls != TensorClass::grad || r.name == "embed.grad") continue;
+    EXPECT_EQ(p.decisions()[i].mode, tier::Mode::accumulate) << r.name;
+  }
   Census c = census(p);
   EXPECT_EQ((c.tiers[{TensorClass::weight, TierKind::hbm}]), c.total[TensorClass::weight]);
   // More HBM: never slower than the 96 GB plan.
@@ -493,9 +503,11 @@ TEST(LmHeadChunk, RowsOverrideAndWorkspace) {
   EXPECT_EQ(activation_sizes(c).workspace, activation_sizes(c, 1000).workspace);
 }
 
-// plan_model sizes the chunk from free HBM: whole where the model fits with room, the small
-// chunk where the larger one would displace a region, and a forced GHT_LM_HEAD_ROWS as given.
-TEST(LmHeadChunk, PlanModelTakesTheLargeChunkOnlyFromFreeHbm) {
+// plan_model sizes the chunk: whole where the model fits with room; where the larger chunk would
+// displace a region, whichever of the two plans predicts the shorter step (the small chunk passes
+// over the head's gradient more often, the larger one moves state out of HBM); a forced
+// GHT_LM_HEAD_ROWS as given.
+TEST(LmHeadChunk, PlanModelTakesTheChunkWithTheShorterPredictedStep) {
   {
     const Plan p = plan_for("bench-h200", "pcie5", {"GHT_HBM_BUDGET=139G", "GHT_PLACE=master=hbm,adam_*=hbm"});
     for (std::size_t i = 0; i < p.decisions().size(); ++i) {
@@ -508,26 +520,87 @@ TEST(LmHeadChunk, PlanModelTakesTheLargeChunkOnlyFromFreeHbm) {
       }
     }
   }
-  for (const char* hbm : {"GHT_HBM_BUDGET=40G", "GHT_HBM_BUDGET=96G"}) {
-    const std::string model = std::string(hbm) == "GHT_HBM_BUDGET=40G" ? "bench-h200" : "seed-21b";
-    SCOPED_TRACE(model + " " + hbm);
-    const ModelConfig c = preset(model);
-    const auto reg = registry_with({hbm});
-    const auto caps = tier::nominal_capacities(model == "bench-h200" ? "pcie5" : "gh200");
-    ASSERT_TRUE(caps.has_value());
-    const auto options = tier::plan_options_from_config(
-        reg, tier::builtin_profile(model == "bench-h200" ? "pcie5" : "gh200"), *caps, model_step_flops(c),
-        model_head_flops(c));
-    const ModelPlan mp = plan_model(c, options);
-    const std::int64_t small = ce_chunk_rows_within(4096, c.vocab, kLmHeadSmallLogits);
-    EXPECT_EQ(mp.lm_head_rows, small) << "HBM is full: the larger chunk would move a region";
-    const Plan plain = tier::make_plan(model_regions(c, {}, 1, small), options);
-    EXPECT_TRUE(mp.plan.decisions() == plain.decisions());
-    EXPECT_TRUE(mp.plan.prediction() == plain.prediction());
-    ASSERT_FALSE(mp.plan.notes().empty());
-    EXPECT_NE(mp.plan.notes().back().find("LM head: 832 of 4096 rows"), std::string::npos) << mp.plan.notes().back();
-    ght::test::ScopedFlag rows("GHT_LM_HEAD_ROWS", "4096");
-    EXPECT_EQ(plan_model(c, options).lm_head_rows, 4096);
+  int took_small = 0, took_wide_moving = 0;
+  for (const char* hbm : {"GHT_HBM_BUDGET=40G", "GHT_HBM_BUDGET=96G", "GHT_HBM_BUDGET=70G"}) {
+    for (const int micro_batch : {1, 2, 4}) {
+      const std::string model = std::string(hbm) == "GHT_HBM_BUDGET=40G" ? "bench-h200" : "seed-21b";
+      SCOPED_TRACE(model + " " + hbm + " micro-batch " + std::to_string(micro_batch));
+      ModelConfig c = preset(model);
+      c.micro_batch = micro_batch;
+      const auto reg = registry_with({hbm});
+      const std::string profile = model == "bench-h200" ? "pcie5" : "gh200";
+      const auto caps = tier::nominal_capacities(profile);
+      ASSERT_TRUE(caps.has_value());
+      const auto options = tier::plan_options_from_config(reg, tier::builtin_profile(profile), *caps,
+                                                          model_step_flops(c), model_head_flops(c));
+      const std::int64_t N = 4096 * micro_batch;
+      const std::int64_t small = ce_chunk_rows_within(N, c.vocab, kLmHeadSmallLogits);
+      const std::int64_t fast = default_ce_chunk_rows(N, c.vocab);
+      ASSERT_LT(small, fast);
+      std::optional<Plan> plain;
+      try {
+        plain = tier::make_plan(model_regions(c, {}, 1, small), options);
+      } catch (const tier::infeasible_plan&) {
+        EXPECT_THROW((void)plan_model(c, options), tier::infeasible_plan);
+        continue;
+      }
+      std::optional<Plan> wide;
+      try {
+        wide = tier::make_plan(model_regions(c, {}, 1, fast), options);
+      } catch (const tier::infeasible_plan&) {
+      }
+      const bool moves = wide && wide->decisions() != plain->decisions();
+      const bool wide_wins = wide && (!moves || wide->prediction().step_seconds < plain->prediction().step_seconds);
+      const ModelPlan mp = plan_model(c, options);
+      EXPECT_EQ(mp.lm_head_rows, wide_wins ? fast : small);
+      EXPECT_TRUE(mp.plan.decisions() == (wide_wins ? wide->decisions() : plain->decisions()));
+      EXPECT_TRUE(mp.plan.prediction() == (wide_wins ? wide->prediction() : plain->prediction()));
+      ASSERT_FALSE(mp.plan.notes().empty());
+      const std::string& note = mp.plan.notes().back();
+      EXPECT_NE(note.find("LM head: " + std::to_string(mp.lm_head_rows) + " of " + std::to_string(N) + " rows"),
+                std::string::npos)
+          << note;
+      if (moves) {
+        EXPECT_NE(note.find("predicted step"), std::string::npos) << note;
+      }
+      took_small += wide_wins ? 0 : 1;
+      took_wide_moving += wide_wins && moves ? 1 : 0;
+      const ght::test::ScopedFlag rows("GHT_LM_HEAD_ROWS", "4096");
+      EXPECT_EQ(plan_model(c, options).lm_head_rows, 4096);
+    }
+  }
+  // Both outcomes occur among these tight budgets, so the rule is exercised both ways.
+  EXPECT_GT(took_small, 0);
+  EXPECT_GT(took_wide_moving, 0);
+}
+
+// Each LM-head chunk's dW GEMM reads and writes the whole head gradient (the tied embedding's),
+// unhidden: the plan's backward grows by that pass per extra chunk, and nothing else changes.
+TEST(LmHeadChunk, EveryChunkPassesOverTheHeadGradientOnce) {
+  ModelConfig c = preset("bench-h200");
+  c.grad_accum = 16;
+  tier::PlanOptions o;
+  o.link = tier::builtin_profile("pcie5");
+  o.step_flops = model_step_flops(c);
+  o.head_flops = model_head_flops(c);
+  o.budgets.hbm = std::uint64_t{1} << 40;
+  o.budgets.host = std::uint64_t{1} << 40;
+  const Plan one = tier::make_plan(model_regions(c, {}, 1, 4096), o);
+  const Plan five = tier::make_plan(model_regions(c, {}, 1, 832), o);  // 4 x 832 + 768
+  const double gb = static_cast<double>(optimizer::grad_type_size(hbm_grad_type()));
+  const double pass = 2.0 * gb * static_cast<double>(c.vocab) * c.d_model / o.link.hbm_bps;
+  EXPECT_NEAR(five.prediction().accumulate_seconds - one.prediction().accumulate_seconds,
+              16 * 4 * pass * kLmHeadAccumulatorExposed, 1e-9);
+  EXPECT_NEAR(five.prediction().forward_seconds, one.prediction().forward_seconds, 1e-12);
+  EXPECT_GT(five.prediction().step_seconds, one.prediction().step_seconds);
+  // An untied head's gradient takes the passes; the input embedding's scatter takes none.
+  c.tied_embeddings = false;
+  const auto untied = model_regions(c, {}, 1, 832);
+  for (const auto& r : untied) {
+    if (r.cls != TensorClass::grad || (r.name != "embed.grad" && r.name != "lm_head.grad")) continue;
+    double exposed_passes = 0;
+    for (const auto& a : r.access) exposed_passes += a.backward_exposed > 0 ? a.times_per_step : 0;
+    EXPECT_DOUBLE_EQ(exposed_passes, r.name == "lm_head.grad" ? 16.0 * 5 : 0.0) << r.name;
   }
 }
 
