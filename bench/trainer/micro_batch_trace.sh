@@ -8,7 +8,8 @@
 # divide). The micro-batch and grad_accum are set with -o, so they are pinned: the plan chooses
 # everything else. Each run: 3 steps, all profiled, no checkpoint written, random tokens
 # (bench/make_bench_data.sh: throughput only).
-# Output, per MB: OUT_DIR/mb<MB>.log, mb<MB>.kernel_breakdown.{md,json}, mb<MB>.profile.json.
+# Output, per MB: OUT_DIR/mb<MB>.log, mb<MB>.kernel_breakdown.{md,json}, mb<MB>.profile.json;
+# OUT_DIR/compare.md: each later micro-batch's ops against the first's (compare_breakdowns.py).
 set -uo pipefail
 GHT=${1:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
 OUT_DIR=${2:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
@@ -34,4 +35,11 @@ for mb in "${mbs[@]}"; do
   for f in kernel_breakdown.md kernel_breakdown.json profile.json; do cp "$run/$f" "$OUT_DIR/mb$mb.$f" 2>/dev/null; done
   rm -rf "$run"
 done
+first=${mbs[0]:-}
+for mb in "${mbs[@]:1}"; do
+  [ -f "$OUT_DIR/mb$first.kernel_breakdown.json" ] && [ -f "$OUT_DIR/mb$mb.kernel_breakdown.json" ] || continue
+  echo "## micro-batch $mb against $first"
+  python3 bench/trainer/compare_breakdowns.py "$OUT_DIR/mb$first.kernel_breakdown.json" \
+    "$OUT_DIR/mb$mb.kernel_breakdown.json" --names "micro-batch $first" "micro-batch $mb"
+done | tee "$OUT_DIR/compare.md"
 exit $fail
