@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Built from pieces so that this file does not match itself.
-WORDS=("ses""sion")
+WORDS=("ses""sion" "ses""sions")
 
 if ! command -v git >/dev/null 2>&1 || ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   echo "check-words: skipped: $(pwd) is not a git checkout (or git is missing); nothing to check"

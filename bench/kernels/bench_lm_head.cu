@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     const double dense = dense_tflops(stream, iters);
     std::printf("# dense bf16 GEMM 8192^3: %.1f TFLOP/s\n", dense);
 
-    // 832: sessions 1-7 (256 MiB of logits); 4096: bench-h200's whole micro-batch at micro-batch
+    // 832: the first fixed chunk (256 MiB of logits); 4096: bench-h200's whole micro-batch at micro-batch
     // 1; at 16k tokens (micro-batch 4) the chunk sizes default_ce_chunk_rows could pick: 5504
     // (3 equal chunks under 2 GiB, rounded to 64 rows), 5632 (rounded to 256), 4096 (4 chunks),
     // 8192 (2 chunks, 2.5 GB of logits), 16384 (the whole micro-batch, 5 GB of logits). fine-grained's head (sweep.py: d 3072, untied 100,352,

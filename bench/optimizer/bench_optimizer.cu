@@ -440,7 +440,7 @@ class BackgroundLoad {
 };
 
 /// Why does the dma update run up to 2x slower under a training step's compute (bench/NOTES.md,
-/// sessions 15-16)? Its AdamW kernels need SMs between the copies, and the trainer's GEMMs are
+/// "The update's slowdown beside compute")? Its AdamW kernels need SMs between the copies, and the trainer's GEMMs are
 /// persistent kernels that hold every SM for their whole run (milliseconds), which no stream
 /// priority can preempt. The update is timed alone and beside loads that separate the causes:
 /// a persistent LM-head-sized GEMM on every SM and on fewer (cuBLASLt's SM count target), short

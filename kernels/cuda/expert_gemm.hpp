@@ -40,7 +40,8 @@
  *                   128x256x64, var-K 128x128x64, both cooperative. On the H200 128x256 was the
  *                   fastest var-M tile in every case measured (7 MoE shapes x 4 data GEMMs: 0.57-
  *                   1.01 of dense against 0.51-0.84 for 128x128; 128x128 ping-pong and 128x160
- *                   lost too), so the others were removed (bench/NOTES.md, sessions 7, 13, 14).
+ *                   lost too), so the others were removed (bench/NOTES.md, "CUTLASS tile variants for the
+ *                   expert data GEMMs" and "A 128×160 expert tile").
  *
  * FLOPs: 2·R·n·k (var-M) or 2·m·n·R (var-K), R = offsets[E]. Bytes: 2·(R·k + E·n·k) + R·n·sizeof(C)
  * (var-M); 2·R·(m + n) + E·m·n·sizeof(C)·(beta ? 2 : 1) (var-K).

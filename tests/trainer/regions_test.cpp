@@ -458,7 +458,7 @@ TEST(LmHeadChunk, WholeMicroBatchWhenItFitsElseEqualChunksUnderTheBudget) {
     EXPECT_EQ(r % 64, 0);
     EXPECT_LE(2 * static_cast<std::uint64_t>(r) * static_cast<std::uint64_t>(V), kLmHeadLogitsBudget);
   }
-  // The small chunk of sessions 1-7: 832 rows (5 chunks of a 4096-row micro-batch).
+  // The first fixed chunk: 832 rows (5 chunks of a 4096-row micro-batch).
   EXPECT_EQ(ce_chunk_rows_within(4096, V, kLmHeadSmallLogits), 832);
   for (std::int64_t n : {1, 63, 64, 65, 777, 4096, 7040, 7041, 16384, 100000}) {
     for (std::int64_t v : {1, 256, 517, 32000, 151936}) {

@@ -60,7 +60,7 @@ __global__ void prepare_groups(Problem p, typename G::Arrays out);
 
 /// The kernel schedule: cooperative (two consumer warp groups share each output tile). Ping-pong
 /// (one warp group per tile) was measured for the data and the weight-gradient GEMMs and lost
-/// (bench/NOTES.md, sessions 7 and 11).
+/// (bench/NOTES.md, "CUTLASS tile variants for the expert data GEMMs").
 struct Cooperative {
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
