@@ -365,11 +365,12 @@ std::vector<Region> model_regions(const ModelConfig& c, const Routing& routing, 
   // The tied table is the LM head's GEMM operand: read in forward and backward.
   // Backward runs from the LM head down to the embedding lookup: the final norm's and the LM
   // head's gradients are complete first (all backward left), the embedding's last (none).
-  Group embed{"embed", "embedding", table, -1, -1, 0, 2.0 * 2.0 * static_cast<double>(table), 0.0, head_chunks};
+  // Its gradient takes the LM head's passes when it is the head's (tied).
+  Group embed{"embed", "embedding", table, -1, -1, 0, 2.0 * 2.0 * static_cast<double>(table), 0.0,
+              c.tied_embeddings ? head_chunks : 0.0};
   if (!c.tied_embeddings) {
     // The untied input embedding is a gather: only the micro-batch's rows are read.
     embed.weight_reads = 2.0 * std::min(2.0 * static_cast<double>(table), 2.0 * tokens * c.d_model);
-    embed.head_chunks = 0;
   }
   add_group(c, embed, st, ranks, out);
   if (!c.tied_embeddings) {

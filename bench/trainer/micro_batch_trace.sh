@@ -11,9 +11,11 @@
 # Output, per MB: OUT_DIR/mb<MB>.log, mb<MB>.kernel_breakdown.{md,json}, mb<MB>.profile.json;
 # OUT_DIR/compare.md: each later micro-batch's ops against the first's (compare_breakdowns.py).
 set -uo pipefail
-GHT=${1:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
-OUT_DIR=${2:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
-ROWS=${3:?usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]}
+if [ $# -lt 4 ]; then
+  echo "usage: micro_batch_trace.sh GHT_BIN OUT_DIR ROWS MB [MB ...] -- [ght train args]" >&2
+  exit 2
+fi
+GHT=$1 OUT_DIR=$2 ROWS=$3
 shift 3
 mbs=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do mbs+=("$1"); shift; done

@@ -549,7 +549,12 @@ TEST(LmHeadChunk, PlanModelTakesTheChunkWithTheShorterPredictedStep) {
         wide = tier::make_plan(model_regions(c, {}, 1, fast), options);
       } catch (const tier::infeasible_plan&) {
       }
-      const bool moves = wide && wide->decisions() != plain->decisions();
+      // Moved: some region's tier or mode differs (plan_model's test; reasons and gains may differ).
+      const bool moves = wide && !std::equal(wide->decisions().begin(), wide->decisions().end(),
+                                             plain->decisions().begin(), plain->decisions().end(),
+                                             [](const tier::Decision& x, const tier::Decision& y) {
+                                               return x.tier == y.tier && x.mode == y.mode;
+                                             });
       const bool wide_wins = wide && (!moves || wide->prediction().step_seconds < plain->prediction().step_seconds);
       const ModelPlan mp = plan_model(c, options);
       EXPECT_EQ(mp.lm_head_rows, wide_wins ? fast : small);
