@@ -40,7 +40,7 @@ run_stage() {  # run_stage NAME CMD...: time it, record ok/FAIL
 }
 
 echo "ghtier GPU run, $(date -u +%FT%TZ), $(hostname)"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader || true
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader || true
 nvcc --version | tail -1; cmake --version | head -1; nproc; free -g | head -2
 
 if want build; then

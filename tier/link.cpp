@@ -140,6 +140,25 @@ LinkNumbers builtin_profile(const std::string& name) {
 
 LinkNumbers builtin_profile_for(LinkKind kind) { return builtin_profile(profile_for_kind(kind)); }
 
+double builtin_profile_hbm_peak(const std::string& name) {
+  const std::string key = lower(name);
+  // 2 transfers per clock x bus width: GH200 96 GB, HBM3 at 2,619 MHz on 6,144 bits (4.0 TB/s
+  // datasheet); H200 SXM, HBM3e at 3,201 MHz on 6,144 bits (4.8 TB/s datasheet).
+  if (key == "gh200") return 2 * 2619e6 * 6144 / 8;
+  if (key == "pcie5") return 2 * 3201e6 * 6144 / 8;
+  return 0;
+}
+
+void scale_hbm_to_gpu(LinkNumbers& n, double gpu_hbm_peak_bps) {
+  const double reference = builtin_profile_hbm_peak(n.name);
+  if (reference <= 0 || gpu_hbm_peak_bps <= 0 || n.hbm_bps <= 0) return;
+  n.hbm_bps *= gpu_hbm_peak_bps / reference;
+  char b[160];
+  std::snprintf(b, sizeof b, "; hbm_bps scaled to this GPU's HBM peak, %.2f of the profile's %.2f TB/s",
+                gpu_hbm_peak_bps / 1e12, reference / 1e12);
+  n.source += b;
+}
+
 std::string host_triad_origin(const LinkNumbers& n) {
   if (n.source.starts_with("builtin")) {
     if (n.name == "gh200") return "Grace LPDDR5X STREAM triad, Schieffer et al., arXiv 2407.07850";
@@ -369,6 +388,7 @@ LinkNumbers resolve_link_numbers() {
       n.source = "builtin (GHT_LINK_PROFILE=measured: no probe cache " + path +
                  "; profile of link kind " + std::string(ght::to_string(topo.link)) +
                  "; run `ght info --probe`)";
+      scale_hbm_to_gpu(n, topo.gpu()->hbm_peak_bps);
       return n;
     }
     LinkNumbers n;

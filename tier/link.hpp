@@ -42,6 +42,16 @@ LinkNumbers builtin_profile(const std::string& name);
 /// The built-in profile of a link kind: c2c -> gh200, pcie -> pcie5, none -> none.
 LinkNumbers builtin_profile_for(LinkKind kind);
 
+/// The HBM peak (memory clock x bus width, as the driver reports it) of the GPU that a built-in
+/// profile's hbm_bps was measured on: gh200 a GH200 with 96 GB of HBM3 (4.02 TB/s), pcie5 an H200
+/// SXM (4.92 TB/s); 0 for "none" and other names.
+double builtin_profile_hbm_peak(const std::string& name);
+
+/// A built-in profile's hbm_bps carried over to a GPU whose HBM peak is `gpu_hbm_peak_bps`: the
+/// profile's measured share of its own GPU's peak, times this one's (unchanged where either peak
+/// is unknown). The link figures stay the profile's.
+void scale_hbm_to_gpu(LinkNumbers& n, double gpu_hbm_peak_bps);
+
 /// Resolve the numbers per GHT_LINK_PROFILE (see file comment).
 LinkNumbers resolve_link_numbers();
 

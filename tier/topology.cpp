@@ -296,6 +296,9 @@ std::vector<GpuInfo> discover_gpus() {
     g.cc_minor = p.minor;
     g.hbm_total_bytes = p.totalGlobalMem;
     g.l2_bytes = static_cast<std::uint64_t>(std::max(0, p.l2CacheSize));
+    const int mem_khz = cuda_attr(cudaDevAttrMemoryClockRate, d, 0);
+    const int bus_bits = cuda_attr(cudaDevAttrGlobalMemoryBusWidth, d, 0);
+    g.hbm_peak_bps = 2.0 * 1e3 * mem_khz * (bus_bits / 8.0);
     g.driver_version = driver;
     g.pageable_memory_access = cuda_attr(cudaDevAttrPageableMemoryAccess, d, 0) == 1;
     g.pageable_uses_host_page_tables =
@@ -519,6 +522,11 @@ std::string Topology::format_text() const {
       << g.sm_count << " SMs, L2 " << format_bytes(g.l2_bytes) << ", HBM "
       << format_bytes(g.hbm_total_bytes);
     if (selected) o << " (" << format_bytes(g.hbm_free_bytes) << " free)";
+    if (g.hbm_peak_bps > 0) {
+      char peak[32];
+      std::snprintf(peak, sizeof peak, "%.2f", g.hbm_peak_bps / 1e12);
+      o << ", HBM peak " << peak << " TB/s";
+    }
     o << ", CUDA driver " << g.driver_version / 1000 << "." << (g.driver_version % 1000) / 10;
     if (g.memory_numa_node >= 0) o << ", HBM is NUMA node " << g.memory_numa_node;
     o << "\n";
@@ -563,6 +571,7 @@ std::string Topology::format_json() const {
                          {"hbm_total_bytes", g.hbm_total_bytes},
                          {"hbm_free_bytes", g.hbm_free_bytes},
                          {"l2_bytes", g.l2_bytes},
+                         {"hbm_peak_bps", g.hbm_peak_bps},
                          {"driver_version", g.driver_version},
                          {"pageable_memory_access", g.pageable_memory_access},
                          {"pageable_memory_access_uses_host_page_tables",

@@ -34,6 +34,9 @@ struct GpuInfo {
   std::uint64_t hbm_total_bytes = 0;
   std::uint64_t hbm_free_bytes = 0;
   std::uint64_t l2_bytes = 0;
+  /// HBM's peak bandwidth from the memory clock and bus width the driver reports (2 transfers
+  /// per clock), bytes/s; 0 where the driver does not say.
+  double hbm_peak_bps = 0;
   int driver_version = 0;
   // The attributes that decide the link kind, as read.
   bool pageable_memory_access = false;

@@ -6,8 +6,10 @@
 #
 # ROWS: micro-batch rows per step at micro-batch 1 (grad_accum at MB is ROWS / MB, which must
 # divide). The micro-batch and grad_accum are set with -o, so they are pinned: the plan chooses
-# everything else. Each run: 3 steps, all profiled, no checkpoint written, random tokens
-# (bench/make_bench_data.sh: throughput only).
+# everything else. Each run: 3 steps (STEPS), all profiled, no checkpoint written, random tokens
+# (bench/make_bench_data.sh: throughput only). TRACE=0 traces nothing: the log's predicted against
+# measured line then reads an untraced step (with TRACE=1, the default, the traced step runs
+# without CUDA graphs and with the trace's flush in its optimizer gap).
 # Output, per MB: OUT_DIR/mb<MB>.log, mb<MB>.kernel_breakdown.{md,json}, mb<MB>.profile.json;
 # OUT_DIR/compare.md: each later micro-batch's ops against the first's (compare_breakdowns.py).
 set -uo pipefail
@@ -24,6 +26,8 @@ cd "$(dirname "$0")/../.."
 mkdir -p "$OUT_DIR"
 bash bench/make_bench_data.sh "$GHT" || exit 1
 fail=0
+trace=(--trace-kernels)
+[ "${TRACE:-1}" = 0 ] && trace=()
 for mb in "${mbs[@]}"; do
   if [ $((ROWS % mb)) -ne 0 ]; then
     echo "micro_batch_trace: micro-batch $mb does not divide $ROWS rows"; fail=1; continue
@@ -32,7 +36,8 @@ for mb in "${mbs[@]}"; do
   echo "=== micro-batch $mb x $((ROWS / mb)) $(date -u +%T): ght train $*"
   GHT_SAVE_CHECKPOINTS=off timeout "${TRACE_LIMIT_S:-300}" "$GHT" train --config configs/bench-h200.toml "$@" \
     -o model.micro_batch="$mb" -o model.grad_accum=$((ROWS / mb)) --out "$run" --overwrite \
-    --steps 3 --profile-steps 3 --trace-kernels 2>&1 | tee "$OUT_DIR/mb$mb.log" | grep -E "^(plan|predicted|step [0-9]+/)"
+    --steps "${STEPS:-3}" --profile-steps "${STEPS:-3}" "${trace[@]}" 2>&1 | tee "$OUT_DIR/mb$mb.log" |
+    grep -E "^(plan|predicted|step [0-9]+/|  fwd)"
   [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "FAIL: micro-batch $mb"; fail=1; }
   for f in kernel_breakdown.md kernel_breakdown.json profile.json; do cp "$run/$f" "$OUT_DIR/mb$mb.$f" 2>/dev/null; done
   rm -rf "$run"

@@ -127,6 +127,37 @@ TEST(LinkProfiles, BuiltinValuesMatchHardwareNotes) {
   EXPECT_EQ(ght::tier::builtin_profile_for(LinkKind::none).name, "none");
 }
 
+TEST(LinkProfiles, HbmCarriesOverToAnotherGpuByItsPeak) {
+  // An H100 SXM reports HBM3 at 2,619 MHz on 5,120 bits: 3.352 TB/s.
+  const double h100 = 2 * 2619e6 * 5120 / 8;
+  LinkNumbers p = ght::tier::builtin_profile("pcie5");
+  ght::tier::scale_hbm_to_gpu(p, h100);
+  EXPECT_NEAR(p.hbm_bps, 4.43e12 * h100 / ght::tier::builtin_profile_hbm_peak("pcie5"), 1e6);
+  EXPECT_NEAR(p.hbm_bps / 1e12, 3.02, 0.01);
+  EXPECT_NE(p.source.find("scaled to this GPU's HBM peak, 3.35 of the profile's 4.92 TB/s"), std::string::npos)
+      << p.source;
+  // Only HBM moves: the link and host figures are the profile's.
+  const LinkNumbers ref = ght::tier::builtin_profile("pcie5");
+  EXPECT_EQ(p.h2d_bps, ref.h2d_bps);
+  EXPECT_EQ(p.kernel_read_bps, ref.kernel_read_bps);
+  EXPECT_EQ(p.host_triad_bps, ref.host_triad_bps);
+
+  // The profile's own GPU gets the profile's figure back.
+  LinkNumbers g = ght::tier::builtin_profile("gh200");
+  ght::tier::scale_hbm_to_gpu(g, ght::tier::builtin_profile_hbm_peak("gh200"));
+  EXPECT_DOUBLE_EQ(g.hbm_bps, 3.4e12);
+
+  // An unknown peak, or a profile with no GPU behind it, changes nothing.
+  LinkNumbers q = ght::tier::builtin_profile("pcie5");
+  ght::tier::scale_hbm_to_gpu(q, 0);
+  expect_same_numbers(q, ref);
+  EXPECT_EQ(q.source, "builtin");
+  LinkNumbers n = ght::tier::builtin_profile("none");
+  ght::tier::scale_hbm_to_gpu(n, h100);
+  EXPECT_EQ(n.hbm_bps, 0.0);
+  EXPECT_EQ(ght::tier::builtin_profile_hbm_peak("measured"), 0.0);
+}
+
 TEST(LinkProfiles, ShippedProfileFilesParseAndMatchBuiltins) {
   const fs::path dir = project_root() / "tier" / "profiles";
   ASSERT_TRUE(fs::exists(dir)) << dir;
