@@ -90,10 +90,16 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
   pj["type"] = "profile";
   pj["predicted"] = {{"forward_ms", 1e3 * predicted_.forward}, {"backward_ms", 1e3 * predicted_.backward},
                      {"opt_exposed_ms", 1e3 * predicted_.exposed_update}, {"wall_ms", 1e3 * predicted_.step}};
-  // The plan's prediction checked once the first steps (allocation, graph capture) are behind.
+  // The plan's prediction checked once the first steps (allocation, graph capture) are behind, on
+  // an untraced step: a traced one runs without CUDA graphs and flushes the trace in its gap.
   if (step == first_step_ + 3 || (step == cfg_.steps && step < first_step_ + 3)) {
-    const tier::Phases measured{p.forward_ms / 1e3, p.backward_ms / 1e3, p.opt_exposed_ms / 1e3, p.wall_ms / 1e3};
-    log.print(tier::compare_phases(predicted_, measured));
+    // A traced step is always profiled: profile_ ends with it, the step before it next to last.
+    const bool before = p.traced && profile_.size() >= 2 && !profile_[profile_.size() - 2].traced &&
+                        profile_[profile_.size() - 2].step > first_step_ + 1;
+    const StepProfile& c = before ? profile_[profile_.size() - 2] : p;
+    const tier::Phases measured{c.forward_ms / 1e3, c.backward_ms / 1e3, c.opt_exposed_ms / 1e3, c.wall_ms / 1e3};
+    const std::string which = before ? " (step " + std::to_string(c.step) + ", the last untraced)" : "";
+    log.print(tier::compare_phases(predicted_, measured) + which);
     replan_on_measurements(log);
     write_measurements();
   }
