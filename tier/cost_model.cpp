@@ -297,7 +297,9 @@ Load CostModel::load(const Region& r, Placement p, std::string_view only_what) c
       b.h2d_bytes += up;
       b.h2d_s += seconds_for(up, link_.h2d_bps);
       if (a.hbm_pass && link_.hbm_bps > 0) {
-        b.hbm_s += k * (a.gpu_read_bytes + a.gpu_write_bytes) / (a.hbm_pass_share * link_.hbm_bps);
+        const double share = a.hbm_pass_share * link_.hbm_bps;
+        const double rate = a.hbm_pass_bps > 0 ? std::min(share, a.hbm_pass_bps) : share;
+        b.hbm_s += k * (a.gpu_read_bytes + a.gpu_write_bytes) / rate;
       }
     } else {
       const double up = k * a.gpu_read_bytes, down = k * a.gpu_write_bytes;

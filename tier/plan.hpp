@@ -86,8 +86,12 @@ struct Access {
   /// FLOPs time.
   bool hbm_pass = false;
   /// The share of hbm_bps at which the pass moves its bytes (its kernel's measured efficiency:
-  /// GHT_ASSUMED_HBM_UPDATE, GHT_ASSUMED_Q8_UPDATE), in (0, 1].
+  /// GHT_ASSUMED_HBM_UPDATE), in (0, 1].
   double hbm_pass_share = 1;
+  /// > 0: the pass is compute-bound and moves its bytes at no more than this many per second,
+  /// whatever the HBM's bandwidth (the q8 update: GHT_ASSUMED_Q8_UPDATE parameters per second
+  /// times its bytes per parameter). The slower of the two rates counts.
+  double hbm_pass_bps = 0;
   /// HBM bytes the access moves inside the backward, per occurrence, whatever the region's tier:
   /// the gradient accumulator's read-modify-write in the weight-gradient GEMMs' epilogues, or a
   /// streamed gradient's write and its copy's read. backward_exposed of their time at hbm_bps is not

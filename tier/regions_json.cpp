@@ -135,6 +135,7 @@ json access_to_json(const Access& a) {
   if (a.routing_tokens != 0) put_double(j, "routing_tokens", a.routing_tokens);
   if (a.hbm_pass) j["hbm_pass"] = true;
   if (a.hbm_pass_share != 1) put_double(j, "hbm_pass_share", a.hbm_pass_share);
+  if (a.hbm_pass_bps != 0) put_double(j, "hbm_pass_bps", a.hbm_pass_bps);
   if (a.backward_hbm_bytes != 0) put_double(j, "backward_hbm_bytes", a.backward_hbm_bytes);
   if (a.backward_exposed != 0) put_double(j, "backward_exposed", a.backward_exposed);
   return j;
@@ -144,7 +145,7 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   check_keys(j, origin, path,
              {"what", "gpu_read_bytes", "gpu_write_bytes", "cpu_read_bytes", "cpu_write_bytes",
               "times_per_step", "overlappable", "window_fraction", "gpu_path", "routing_tokens", "hbm_pass",
-              "hbm_pass_share", "backward_hbm_bytes", "backward_exposed"});
+              "hbm_pass_share", "hbm_pass_bps", "backward_hbm_bytes", "backward_exposed"});
   Access a;
   const std::string def_what = "compute";
   a.what = get_string(j, "what", origin, path, &def_what);
@@ -164,6 +165,8 @@ Access access_from_json(const json& j, const std::string& origin, const std::str
   a.hbm_pass = get_bool(j, "hbm_pass", origin, path, false);
   a.hbm_pass_share = get_double(j, "hbm_pass_share", origin, path, 1);
   if (!(a.hbm_pass_share > 0 && a.hbm_pass_share <= 1)) fail(origin, join(path, "hbm_pass_share"), "must be in (0, 1]");
+  a.hbm_pass_bps = get_double(j, "hbm_pass_bps", origin, path, 0);
+  if (!(a.hbm_pass_bps >= 0 && std::isfinite(a.hbm_pass_bps))) fail(origin, join(path, "hbm_pass_bps"), "must be >= 0");
   a.backward_hbm_bytes = get_double(j, "backward_hbm_bytes", origin, path, 0);
   if (!(a.backward_hbm_bytes >= 0)) fail(origin, join(path, "backward_hbm_bytes"), "must be >= 0");
   a.backward_exposed = get_double(j, "backward_exposed", origin, path, 0);

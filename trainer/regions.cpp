@@ -31,24 +31,24 @@ struct Group {
   double head_chunks = 0;   // LM-head chunks per micro-batch whose dW GEMM accumulates this gradient
 };
 
-// The share of HBM bandwidth the update of state of type `st` in HBM reaches.
-double hbm_update_share(optimizer::StateType st) {
-  const config::Key k = st == optimizer::StateType::q8 ? config::Key::GHT_ASSUMED_Q8_UPDATE
-                                                       : config::Key::GHT_ASSUMED_HBM_UPDATE;
-  return config::cfg().get_float(k);
-}
-
-Access make_access(const char* what, double times, double window, GpuPath path,
-                   optimizer::StateType st = optimizer::StateType::fp32) {
+Access make_access(const char* what, double times, double window, GpuPath path) {
   Access a;
   a.what = what;
   // The update is a pass over its bytes of its own; the other accesses are the compute's.
   a.hbm_pass = std::string_view(what) == "optimizer";
-  if (a.hbm_pass) a.hbm_pass_share = hbm_update_share(st);
+  if (a.hbm_pass) a.hbm_pass_share = config::cfg().get_float(config::Key::GHT_ASSUMED_HBM_UPDATE);
   a.times_per_step = times;
   a.window_fraction = window;
   a.gpu_path = path;
   return a;
+}
+
+// The bytes per second at which a compute-bound update in HBM moves its bytes, or 0 where it is
+// bandwidth-bound: the q8 update runs at GHT_ASSUMED_Q8_UPDATE parameters per second, each
+// moving `bytes_per_param`.
+double update_pass_bps(optimizer::StateType st, double bytes_per_param) {
+  if (st != optimizer::StateType::q8) return 0;
+  return config::cfg().get_float(config::Key::GHT_ASSUMED_Q8_UPDATE) * 1e9 * bytes_per_param;
 }
 
 void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, int ranks, std::vector<Region>& out) {
@@ -62,6 +62,19 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   const double tokens = static_cast<double>(c.seq_len) * c.micro_batch;
   const double routed = g.expert >= 0 ? tokens : 0;  // expert accesses need a routed token
   const double opt_window = update_window_fraction(c.grad_accum);
+  const std::uint64_t gb = optimizer::grad_type_size(hbm_grad_type());  // HBM accumulator
+  // m and v: optimizer::state_bytes of the group's parameters (q8: whole 256-element block
+  // records over the group, within one record per tensor of the optimizer's per-tensor regions).
+  const std::uint64_t moment = optimizer::state_bytes(st, p_rank);
+  // The update's HBM bytes per parameter: the bf16 weight written, the gradient read, master, m
+  // and v read and written.
+  const double update_bytes =
+      2.0 + static_cast<double>(gb) + 2.0 * (4.0 + 2.0 * static_cast<double>(moment) / std::max<double>(1, p_rank));
+  auto optimizer_access = [&] {
+    Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
+    a.hbm_pass_bps = update_pass_bps(st, update_bytes);
+    return a;
+  };
   auto base = [&](const char* suffix, ght::TensorClass cls, std::uint64_t bytes) {
     Region r;
     r.name = g.name + "." + suffix;
@@ -78,7 +91,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   Access fwd_bwd = make_access("compute", ga, 1.0, GpuPath::copy);
   fwd_bwd.gpu_read_bytes = g.weight_reads;
   fwd_bwd.routing_tokens = routed;
-  Access w_opt = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
+  Access w_opt = optimizer_access();
   w_opt.gpu_write_bytes = 2 * P_rank;  // the other ranks' parts arrive by all-gather (GPU to GPU)
   w.access = {fwd_bwd, w_opt};
   // The GPU computes on every bf16 weight in place each micro-batch; the trainer has no path
@@ -86,7 +99,6 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   w.host_allowed = false;
   out.push_back(std::move(w));
 
-  const std::uint64_t gb = optimizer::grad_type_size(hbm_grad_type());  // HBM accumulator
   Region gr = base("grad", ght::TensorClass::grad, gb * p);
   gr.host_bytes = 4 * p;
   gr.hbm_bytes_on_host = 2 * p;  // streamed: the bf16 gradient of one micro-batch stays in HBM
@@ -108,7 +120,7 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
       head ? kLmHeadAccumulatorExposed
            : (g.name == "embed" ? 0.0 : config::cfg().get_float(config::Key::GHT_ASSUMED_ACC_EXPOSED));
   backward_pass.routing_tokens = routed;
-  Access opt_hbm = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
+  Access opt_hbm = optimizer_access();
   opt_hbm.gpu_read_bytes = static_cast<double>(gb) * P_rank;
   gr.access = {acc_hbm, backward_pass, opt_hbm};
   // With several ranks the gradients are reduced in HBM (NCCL): the trainer has no reduction of
@@ -143,23 +155,20 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   last_accumulate.overlappable = tail_window > 0;
   host.push_back(last_stream);
   host.push_back(last_accumulate);
-  Access opt_host = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
+  Access opt_host = optimizer_access();
   opt_host.gpu_read_bytes = 4 * P;
   host.push_back(opt_host);
   host.push_back(backward_pass);
   gr.host_access = std::move(host);
   out.push_back(std::move(gr));
 
-  // m and v: optimizer::state_bytes of the group's parameters (q8: whole 256-element block
-  // records over the group, within one record per tensor of the optimizer's per-tensor regions).
-  const std::uint64_t moment = optimizer::state_bytes(st, p_rank);
   const std::tuple<const char*, ght::TensorClass, std::uint64_t> states[] = {
       {"master", ght::TensorClass::master, sizeof(float) * p_rank},
       {"adam_m", ght::TensorClass::adam_m, moment},
       {"adam_v", ght::TensorClass::adam_v, moment}};
   for (const auto& [suffix, cls, bytes] : states) {
     Region s = base(suffix, cls, bytes);
-    Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel, st);
+    Access a = optimizer_access();
     // This rank's share of the group's traffic (P / ranks; the bytes are of the ceil(P / ranks)
     // it holds): 1 with one rank.
     const double share = P_rank / static_cast<double>(p_rank);

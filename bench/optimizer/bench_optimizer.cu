@@ -2,8 +2,9 @@
 // measured in the same process.
 //
 //   gpu_link  (state in pinned host memory, grads and weights in HBM)
-//             link bytes per parameter: 12 read (master, m, v) + 12 written = 24;
-//             roofline = bidirectional pinned memcpy bandwidth (two streams) / 24 B
+//             link bytes per parameter: 12 read (master, m, v) + 12 written = 24 (fp32 state;
+//             16 with bf16 m/v, 12.06 with q8: GHT_OPT_STATE);
+//             roofline = bidirectional pinned memcpy bandwidth (two streams) / those bytes
 //   device    (all in HBM) bytes per parameter 28; roofline = HBM copy bandwidth / 28 B
 //   cpu       host rows (bench_cpu.cpp) against host triad with the same pinned threads; the
 //             AdamW-class cpu step with device grads and weights adds the staged copies
@@ -581,16 +582,18 @@ PlanLink plan_link_numbers() {
 /// plan's prediction.
 void run_gpu_link(const Args& args, Report& report, std::uint64_t n, const tier::LinkNumbers& L,
                   const PlanLink& plan, nlohmann::json& predictions) {
-  const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / 24 B";
+  // Master, m and v of the state type set (GHT_OPT_STATE), each way.
+  const double state = optimizer::state_bytes_per_param(optimizer::state_type_from_config());
+  const std::string link_basis = "bidir memcpy " + fmt(L.bidir_bps / 1e9, 1) + " GB/s / " + fmt(2 * state, 2) + " B";
   for (const optimizer::LinkMode mode : {optimizer::LinkMode::zero_copy, optimizer::LinkMode::dma}) {
     const std::string m(optimizer::to_string(mode));
     Setup s(n, optimizer::PathChoice::gpu_link, args.threads, mode);
     const Row up = timed_rows(args, *s.opt, n, "gpu_link " + m + " update", "gpu_link " + m + " step (norm + update)",
-                              {24, L.bidir_bps / 24 / 1e9, link_basis, "torch_fused_cuda"}, report).first;
+                              {2 * state, L.bidir_bps / (2 * state) / 1e9, link_basis, "torch_fused_cuda"}, report).first;
     std::cout << "gpu_link " << m << " " << human_params(n) << ": " << fmt(up.gparams())
               << " Gparam/s (" << fmt(100 * up.fraction(), 1) << "% of the link roofline), "
               << s.opt->num_chunks(0) << " chunks\n";
-    const double pred_run = tier::predict_optimizer_link_seconds(n, 0.0, L);
+    const double pred_run = tier::predict_optimizer_link(n, 0.0, L, state).seconds;
     nlohmann::json p{{"params", n},
                      {"link_mode", m},
                      {"measured_update_s", up.seconds.median},
@@ -601,7 +604,7 @@ void run_gpu_link(const Args& args, Report& report, std::uint64_t n, const tier:
                        " s with this run's link numbers (x" +
                        fmt(up.seconds.median / pred_run, 2) + ")";
     if (plan.numbers.bidir_bps > 0 || plan.numbers.kernel_read_bps > 0) {
-      const double pred_plan = tier::predict_optimizer_link_seconds(n, 0.0, plan.numbers);
+      const double pred_plan = tier::predict_optimizer_link(n, 0.0, plan.numbers, state).seconds;
       p["predicted_s_with_plan_link_numbers"] = pred_plan;
       p["plan_link_numbers"] = plan.name;
       p["measured_over_predicted_plan"] = up.seconds.median / pred_plan;
