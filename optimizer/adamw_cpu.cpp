@@ -48,14 +48,20 @@ StepScalars make_step_scalars(const AdamWHyper& h, double lr, std::int64_t step,
   return k;
 }
 
-int link_kernel_sms(double link_bps, double hbm_bps, int sms, double state_bytes) {
+int link_kernel_sms(double link_bps, double hbm_bps, int sms, const LinkKernelLoad& load) {
   GHT_EXPECTS(sms >= 1, "link_kernel_sms: the GPU needs at least one SM, got " + std::to_string(sms));
-  GHT_EXPECTS(state_bytes > 0, "link_kernel_sms: state bytes per parameter must be > 0");
+  GHT_EXPECTS(load.state_bytes > 0, "link_kernel_sms: state bytes per parameter must be > 0");
+  GHT_EXPECTS(load.link_bytes >= 0 && load.gpu_params_per_second >= 0,
+              "link_kernel_sms: link bytes and the kernel's rate must be >= 0");
   if (!(link_bps > 0) || !(hbm_bps > 0)) return sms;
-  // Per parameter the link moves master, m and v each way; the kernel also reads an fp32 (at
-  // most) gradient and writes the bf16 weight in HBM.
-  const double hbm_per_link_byte = (2 * state_bytes + tier::kHostGradBytes + tier::kUpdateWeightBytes) / (2 * state_bytes);
-  const double need = kLinkKernelMargin * link_bps * hbm_per_link_byte / (hbm_bps / sms);
+  const double link_bytes = load.link_bytes > 0 ? load.link_bytes : load.state_bytes;
+  const double delivered = link_bps / (2 * link_bytes);
+  // Per parameter the kernel reads and writes master, m and v, reads an fp32 (at most) gradient
+  // and writes the bf16 weight.
+  const double hbm_bytes = 2 * load.state_bytes + tier::kHostGradBytes + tier::kUpdateWeightBytes;
+  double per_sm = hbm_bps / sms / hbm_bytes;
+  if (load.gpu_params_per_second > 0) per_sm = std::min(per_sm, load.gpu_params_per_second / sms);
+  const double need = kLinkKernelMargin * delivered / per_sm;
   return static_cast<int>(std::clamp(std::ceil(need), 1.0, static_cast<double>(sms)));
 }
 

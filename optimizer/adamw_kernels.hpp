@@ -262,17 +262,29 @@ inline constexpr std::size_t kSumsqBlock = 1 << 16;
 /// three-slot pipeline (in, update, out) stays bound by the copies.
 inline constexpr double kLinkKernelMargin = 4;
 
+/// What the gpu_link kernels update per step, for sizing their SMs (link_kernel_sms).
+struct LinkKernelLoad {
+  double state_bytes = 12;      ///< master + m + v per parameter (12; 8 with bf16 m/v; 6.03 with q8)
+  /// State bytes per parameter that cross the link each way: state_bytes when every array of the
+  /// gpu_link regions is on the host, less where some stay in HBM (a region with any array on
+  /// the host is updated whole by the gpu_link kernels). 0 = state_bytes.
+  double link_bytes = 0;
+  /// A compute-bound kernel's parameters per second on the whole GPU (the q8 update's,
+  /// GHT_ASSUMED_Q8_UPDATE), 0 = bandwidth-bound.
+  double gpu_params_per_second = 0;
+};
+
 /**
- * @brief SMs the gpu_link AdamW kernel needs: enough that, at each SM's share of HBM bandwidth
- * (hbm_bps / sms, a lower bound on what one SM can move), it runs kLinkKernelMargin times as
- * fast as the link delivers state: ceil(margin · link_bps · hbm_bytes / link_bytes / (hbm_bps /
- * sms)), at least 1 and at most `sms`. link_bps: the rate state crosses the link (both ways:
- * the copy engines' bidir_bps in dma mode, kernel read + write in zero-copy mode);
- * hbm_bytes / link_bytes: what the kernel moves per byte of state the link moves (an fp32
- * gradient and the bf16 weight come from and go to HBM). Either rate unknown (0): every SM.
- * @param state_bytes master + m + v per parameter (12; 8 with bf16 m and v)
+ * @brief SMs the gpu_link AdamW kernel needs: enough that it updates parameters
+ * kLinkKernelMargin times as fast as the link delivers them. The link delivers link_bps / (2 ·
+ * link_bytes) parameters per second (link_bps: the rate state crosses the link both ways, the
+ * copy engines' bidir_bps in dma mode, kernel read + write in zero-copy mode). One SM updates
+ * (hbm_bps / sms) / (2 · state_bytes + an fp32 gradient + the bf16 weight) of them (its share of
+ * HBM bandwidth, a lower bound on what it can move), or gpu_params_per_second / sms where that is
+ * less (a compute-bound kernel). Result: ceil(margin · delivered / per SM), at least 1 and at most
+ * `sms`; either rate unknown (0): every SM.
  */
-[[nodiscard]] int link_kernel_sms(double link_bps, double hbm_bps, int sms, double state_bytes);
+[[nodiscard]] int link_kernel_sms(double link_bps, double hbm_bps, int sms, const LinkKernelLoad& load);
 
 #ifdef GHT_HAVE_CUDA
 /**

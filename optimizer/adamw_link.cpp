@@ -107,6 +107,26 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
 #endif
 }
 
+// What the gpu_link regions update: their state bytes per parameter on the host (some arrays of
+// a region may stay in HBM) and, for q8 state, the kernel's compute-bound rate.
+LinkKernelLoad AdamW::Impl::link_kernel_load() const {
+  LinkKernelLoad load;
+  load.state_bytes = state_bytes_per_param(state_type);
+  double params = 0, host_bytes = 0;
+  for (const RegionState& rs : regions) {
+    if (rs.path != Path::gpu_link) continue;
+    params += static_cast<double>(rs.desc.n);
+    for (int i = 0; i < 3; ++i) {
+      if (rs.st[i].tier != TierKind::hbm) host_bytes += static_cast<double>(bytes(i, rs.desc.n));
+    }
+  }
+  if (params > 0 && host_bytes > 0) load.link_bytes = host_bytes / params;
+  if (state_type == StateType::q8) {
+    load.gpu_params_per_second = config::cfg().get_float(config::Key::GHT_ASSUMED_Q8_UPDATE) * 1e9;
+  }
+  return load;
+}
+
 // SMs of the gpu_link kernel: GHT_OPT_KERNEL_SMS, or enough for kLinkKernelMargin times the
 // rate at which the link feeds it; and the chunks per batched launch (GHT_OPT_BATCH).
 void AdamW::Impl::size_kernels() {
@@ -129,7 +149,7 @@ void AdamW::Impl::size_kernels() {
           link_mode == LinkMode::dma
               ? (L.bidir_bps > 0 ? L.bidir_bps : L.h2d_bps + L.d2h_bps)
               : L.kernel_read_bps + L.kernel_write_bps;
-      link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, state_bytes_per_param(state_type));
+      link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, link_kernel_load());
     }
   }
 #endif

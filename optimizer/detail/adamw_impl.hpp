@@ -229,6 +229,7 @@ struct AdamW::Impl {
   void allocate_state(RegionState& rs, PathChoice choice, std::optional<TierKind> state_tier);
   void choose_path(RegionState& rs, PathChoice choice);
   void assign_split();
+  [[nodiscard]] LinkKernelLoad link_kernel_load() const;
   void size_kernels();
 
   // ---- regions ----

@@ -276,7 +276,7 @@ TEST(LinkKernel, TheSmCapChangesNoByteAndStreamsHaveTheLowestPriority) {
     GHT_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
     const tier::LinkNumbers L = tier::resolve_link_numbers();
     const double link_bps = mode == LinkMode::dma ? L.bidir_bps : L.kernel_read_bps + L.kernel_write_bps;
-    EXPECT_EQ(auto_sms->link_kernel_sms(), link_kernel_sms(link_bps, L.hbm_bps, sms, 12));
+    EXPECT_EQ(auto_sms->link_kernel_sms(), link_kernel_sms(link_bps, L.hbm_bps, sms, LinkKernelLoad{12}));
     int prio = 1;
     GHT_CUDA_TRY(cudaStreamGetPriority(auto_sms->stream(), &prio));
     EXPECT_EQ(prio, least);

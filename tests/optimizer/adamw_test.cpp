@@ -189,14 +189,35 @@ TEST(AdamWKernels, CpuKernelWithoutWeightTargetMatchesWithWeight) {
 // 4.43 TB/s / 132 = 14.87, so 15 SMs; bf16 state: 4 · 99.8 · (16 + 6) / 16 / 33.56 = 16.4, 17.
 // GH200 zero-copy (kernel read 342 + write 297 GB/s, HBM 3.4 TB/s): 124.03, so 125 of 132.
 TEST(AdamWKernels, LinkKernelSmsFollowTheLinkAndHbmRates) {
-  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, 12), 15);
-  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, 8), 17);
-  EXPECT_EQ(link_kernel_sms(639e9, 3.4e12, 132, 12), 125);
-  EXPECT_EQ(link_kernel_sms(1e15, 3.4e12, 132, 12), 132);  // faster than HBM: every SM
-  EXPECT_EQ(link_kernel_sms(1e6, 3.4e12, 132, 12), 1);     // at least one
-  EXPECT_EQ(link_kernel_sms(0, 3.4e12, 132, 12), 132);     // unknown rates: no cap
-  EXPECT_EQ(link_kernel_sms(99.8e9, 0, 132, 12), 132);
-  EXPECT_THROW((void)link_kernel_sms(99.8e9, 4.43e12, 0, 12), ght::logic_error);
+  const LinkKernelLoad fp32{12}, bf16{8};
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, fp32), 15);
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, bf16), 17);
+  EXPECT_EQ(link_kernel_sms(639e9, 3.4e12, 132, fp32), 125);
+  EXPECT_EQ(link_kernel_sms(1e15, 3.4e12, 132, fp32), 132);  // faster than HBM: every SM
+  EXPECT_EQ(link_kernel_sms(1e6, 3.4e12, 132, fp32), 1);     // at least one
+  EXPECT_EQ(link_kernel_sms(0, 3.4e12, 132, fp32), 132);     // unknown rates: no cap
+  EXPECT_EQ(link_kernel_sms(99.8e9, 0, 132, fp32), 132);
+  EXPECT_THROW((void)link_kernel_sms(99.8e9, 4.43e12, 0, fp32), ght::logic_error);
+  EXPECT_THROW((void)link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{0}), ght::logic_error);
+}
+
+// The parameters the link delivers, not its bytes, set the SMs: where only part of each region's
+// state is on the host, the link brings more parameters per second and the kernel updates them
+// whole. A compute-bound kernel (q8) is sized at its own rate. H100 on PCIe (probed: 89.5 GB/s
+// both ways, 3.17 TB/s HBM), q8 (6.03 B of state per parameter) at 83 Gparam/s on 132 SMs:
+// all on the host 4 · 7.42 / 0.629 = 47.2, so 48 SMs (at the HBM share alone: 23); m and v alone
+// on the host (2.03 B) 140.1: every SM. fp32 with only the master on the host (4 B of 12): 44.6,
+// so 45 of the 15 that whole regions need.
+TEST(AdamWKernels, LinkKernelSmsCountParametersAndTheKernelsOwnRate) {
+  const double q8 = state_bytes_per_param(StateType::q8);
+  EXPECT_EQ(link_kernel_sms(89.5e9, 3.17e12, 132, LinkKernelLoad{q8}), 23);
+  EXPECT_EQ(link_kernel_sms(89.5e9, 3.17e12, 132, LinkKernelLoad{q8, 0, 83e9}), 48);
+  EXPECT_EQ(link_kernel_sms(89.5e9, 3.17e12, 132, LinkKernelLoad{q8, q8 - 4, 83e9}), 132);
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{12, 4}), 45);
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{12, 12}),
+            link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{12}));
+  // A kernel rate above its HBM share changes nothing.
+  EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{12, 0, 1e15}), 15);
 }
 
 TEST(AdamWOptions, PathChoiceParsing) {

@@ -294,7 +294,8 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
       config::format_bytes(state_bytes(TierKind::host)));
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
-      " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h");
+      " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h" +
+      (by_path[0] > 0 ? "; gpu_link kernels on " + std::to_string(opt_->link_kernel_sms()) + " SMs" : std::string()));
   launch_thread_ = config::cfg().get_bool(config::Key::GHT_OPT_LAUNCH_THREAD);
   const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
   if (by_path[0] > 0 && reserve > 0) {
