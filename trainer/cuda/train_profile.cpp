@@ -86,6 +86,17 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
               config::format_bytes(host.peak) + " (plan " + config::format_bytes(pr.host_bytes) + ", " +
               ratio(host.peak, pr.host_bytes) + "), " + std::to_string(alloc_->spill_count()) + " spills");
   }
+  // CudaRun::step speculates only after a step that did not clip: say so once, since the plan's
+  // exposed update counts on it.
+  const bool can_speculate = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) &&
+                             !stream_grads_ && !delay_;
+  if (can_speculate && !speculation_pause_said_ && opt_->stats().last_clip_coef < 1.0) {
+    speculation_pause_said_ = true;
+    log.print("optimizer: step " + std::to_string(step) + " clipped (gradient norm " +
+              fmt("%.3f", opt_->stats().last_grad_norm) + "), so the next step's updates start after its backward, " +
+              "not during it; speculation resumes after a step that does not clip (the plan's exposed update " +
+              "assumes it; said once)");
+  }
   nlohmann::ordered_json pj = p.json();
   pj["type"] = "profile";
   pj["predicted"] = {{"forward_ms", 1e3 * predicted_.forward}, {"backward_ms", 1e3 * predicted_.backward},

@@ -331,6 +331,7 @@ class CudaRun final : public TrainBackend {
   double step_lr_ = 0;
   double spec_host_ms_ = 0;
   bool speculate_now_ = false;  // this step's last backward launches updates as units finish
+  bool speculation_pause_said_ = false;  // the note that a clipping step pauses speculation
   // GHT_OPT_SM_RESERVE: the SMs the model's GEMMs plan for in micro-batches beside an update
   // that a later micro-batch waits for (beside_update); 0: every SM (no gpu_link region, or the
   // reserve is 0).
