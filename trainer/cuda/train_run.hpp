@@ -214,6 +214,7 @@ class CudaRun final : public TrainBackend {
   [[nodiscard]] CudaGraphChoice make_model(std::int64_t lm_head_rows, CudaGraphsMode& graphs_mode);
   void make_optimizer();
   void count_link_bytes(std::size_t (&by_path)[3]);
+  [[nodiscard]] std::string zero_copy_note() const;
   void report_setup(const cudaDeviceProp& prop, const std::size_t (&by_path)[3], CudaGraphsMode graphs_mode,
                     const CudaGraphChoice& graphs);
   // step's parts (train_step.cpp).
