@@ -262,6 +262,11 @@ inline constexpr std::size_t kSumsqBlock = 1 << 16;
 /// three-slot pipeline (in, update, out) stays bound by the copies.
 inline constexpr double kLinkKernelMargin = 4;
 
+/// Parameters per second of the GPU's AdamW update on the whole device where it is compute-bound:
+/// the q8 update's block quantisation, GHT_ASSUMED_Q8_UPDATE; 0 for fp32 and bf16 state, whose
+/// update is bandwidth-bound.
+[[nodiscard]] double gpu_update_params_per_second(StateType t);
+
 /// What the gpu_link kernels update per step, for sizing their SMs (link_kernel_sms).
 struct LinkKernelLoad {
   double state_bytes = 12;      ///< master + m + v per parameter (12; 8 with bf16 m/v; 6.03 with q8)

@@ -121,9 +121,7 @@ LinkKernelLoad AdamW::Impl::link_kernel_load() const {
     }
   }
   if (params > 0 && host_bytes > 0) load.link_bytes = host_bytes / params;
-  if (state_type == StateType::q8) {
-    load.gpu_params_per_second = config::cfg().get_float(config::Key::GHT_ASSUMED_Q8_UPDATE) * 1e9;
-  }
+  load.gpu_params_per_second = gpu_update_params_per_second(state_type);
   return load;
 }
 

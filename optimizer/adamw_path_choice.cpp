@@ -63,6 +63,11 @@ StateType parse_state_type(std::string_view text) {
   return t == "q8" ? StateType::q8 : t == "bf16" ? StateType::bf16 : StateType::fp32;
 }
 
+double gpu_update_params_per_second(StateType t) {
+  if (t != StateType::q8) return 0;
+  return config::cfg().get_float(config::Key::GHT_ASSUMED_Q8_UPDATE) * 1e9;
+}
+
 StateType state_type_from_config() {
   return parse_state_type(config::cfg().get_string(config::Key::GHT_OPT_STATE));
 }

@@ -8,6 +8,7 @@
 
 #include "optimizer/adamw.hpp"
 #include "tier/config.hpp"
+#include "tier/cost_model.hpp"
 #include "tier/error.hpp"
 #include "trainer/fp8_experts.hpp"
 
@@ -43,14 +44,6 @@ Access make_access(const char* what, double times, double window, GpuPath path) 
   return a;
 }
 
-// The bytes per second at which a compute-bound update in HBM moves its bytes, or 0 where it is
-// bandwidth-bound: the q8 update runs at GHT_ASSUMED_Q8_UPDATE parameters per second, each
-// moving `bytes_per_param`.
-double update_pass_bps(optimizer::StateType st, double bytes_per_param) {
-  if (st != optimizer::StateType::q8) return 0;
-  return config::cfg().get_float(config::Key::GHT_ASSUMED_Q8_UPDATE) * 1e9 * bytes_per_param;
-}
-
 void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, int ranks, std::vector<Region>& out) {
   const double P = static_cast<double>(g.params);
   const auto p = static_cast<std::uint64_t>(g.params);
@@ -69,10 +62,12 @@ void add_group(const ModelConfig& c, const Group& g, optimizer::StateType st, in
   // The update's HBM bytes per parameter: the bf16 weight written, the gradient read, master, m
   // and v read and written.
   const double update_bytes =
-      2.0 + static_cast<double>(gb) + 2.0 * (4.0 + 2.0 * static_cast<double>(moment) / std::max<double>(1, p_rank));
+      tier::kUpdateWeightBytes + static_cast<double>(gb) +
+      2.0 * (sizeof(float) + 2.0 * static_cast<double>(moment) / std::max<double>(1, p_rank));
   auto optimizer_access = [&] {
     Access a = make_access("optimizer", 1, opt_window, GpuPath::kernel);
-    a.hbm_pass_bps = update_pass_bps(st, update_bytes);
+    // 0 where the update is bandwidth-bound; the q8 update's parameter rate, as bytes, where not.
+    a.hbm_pass_bps = optimizer::gpu_update_params_per_second(st) * update_bytes;
     return a;
   };
   auto base = [&](const char* suffix, ght::TensorClass cls, std::uint64_t bytes) {

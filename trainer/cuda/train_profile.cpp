@@ -88,9 +88,7 @@ void CudaRun::after_step(std::int64_t step, MetricsLogger& log) {
   }
   // CudaRun::step speculates only after a step that did not clip: say so once, since the plan's
   // exposed update counts on it.
-  const bool can_speculate = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) &&
-                             !stream_grads_ && !delay_;
-  if (can_speculate && !speculation_pause_said_ && opt_->stats().last_clip_coef < 1.0) {
+  if (speculation_possible() && !speculation_pause_said_ && opt_->stats().last_clip_coef < 1.0) {
     speculation_pause_said_ = true;
     log.print("optimizer: step " + std::to_string(step) + " clipped (gradient norm " +
               fmt("%.3f", opt_->stats().last_grad_norm) + "), so the next step's updates start after its backward, " +

@@ -215,6 +215,9 @@ class CudaRun final : public TrainBackend {
   void make_optimizer();
   void count_link_bytes(std::size_t (&by_path)[3]);
   [[nodiscard]] std::string zero_copy_note() const;
+  /// An undo arena exists and the gradients are final in HBM at the last backward (not streamed,
+  /// no delay): a step speculates when this holds and the step before did not clip.
+  [[nodiscard]] bool speculation_possible() const;
   void report_setup(const cudaDeviceProp& prop, const std::size_t (&by_path)[3], CudaGraphsMode graphs_mode,
                     const CudaGraphChoice& graphs);
   // step's parts (train_step.cpp).

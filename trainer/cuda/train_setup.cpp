@@ -278,6 +278,10 @@ std::string CudaRun::zero_copy_note() const {
          "the dma copies move regions whose master, m and v are all on the host)";
 }
 
+bool CudaRun::speculation_possible() const {
+  return (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ && !delay_;
+}
+
 // What was set up (the model, memory, optimizer paths, the update's schedule, CUDA graphs), and
 // the update's launch options that go with it.
 void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_path)[3], CudaGraphsMode graphs_mode,
@@ -332,7 +336,7 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
                                       : std::string("all of it")) +
         "); second weight and gradient buffers " +
         config::format_bytes(delay_w_.bytes() + delay_g_.bytes()) + " of HBM");
-  } else if ((opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_) {
+  } else if (speculation_possible()) {
     say("optimizer: updates of layers whose gradients are final start during the last backward, within a " +
         config::format_bytes(opt_->speculate_capacity()) + " HBM undo arena (gpu_link regions, GHT_OPT_SPECULATE" +
         (speculation_auto() ? " auto: what the last backward can hide, within free HBM" : "") + ") and a " +

@@ -117,8 +117,7 @@ StepOutcome CudaRun::step(std::int64_t step, double lr, DataLoader& data) {
   // Speculate while the previous step kept it worthwhile: a clipped or skipped step would have
   // undone it (clipping persists over stretches of training, e.g. early on or in a spike).
   // Streamed gradients live on the host, where speculate_region cannot use them.
-  speculate_now_ = (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ &&
-                   !delay_ && opt_->stats().last_clip_coef == 1.0;
+  speculate_now_ = speculation_possible() && opt_->stats().last_clip_coef == 1.0;
   const bool delayed = delayed_at(step);  // false in the exact warm-up (GHT_OPT_DELAY_WARMUP)
   // A partial delay (GHT_OPT_DELAY_MICRO = j < A): micro-batches j.. compute with update k's weights.
   const int stale = delayed ? delay_stale_micro_batches(A) : A;
