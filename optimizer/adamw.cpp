@@ -166,8 +166,7 @@ void AdamW::Impl::configure(RegionState& rs) {
     if (d.weight != nullptr) rs.weight_dev = detail::device_alias(d.weight, "weight of region '" + d.name + "'");
     rs.chunk = chunk_elems;
     rs.staged = false;
-    rs.dma = rs.path == Path::gpu_link && link_mode == LinkMode::dma &&
-             rs.st[0].host != nullptr && rs.st[1].host != nullptr && rs.st[2].host != nullptr;
+    rs.dma = rs.path == Path::gpu_link && link_mode == LinkMode::dma && detail::dma_reachable(rs.st);
     if (rs.dma) {
       ensure_dma();
       rs.chunk = std::min(chunk_elems, dma_chunk);

@@ -34,6 +34,16 @@ std::size_t dma_slot_stride(std::size_t chunk, StateType st) {
 // HBM of the slots.
 std::size_t dma_slots_bytes(std::size_t chunk, StateType st) { return kDmaSlots * dma_slot_stride(chunk, st); }
 
+bool dma_reachable(const StateBuffer (&st)[3]) {
+  bool any_host = false;
+  for (const StateBuffer& b : st) {
+    const bool hbm = b.tier == TierKind::hbm;
+    if (hbm ? b.device == nullptr : b.host == nullptr) return false;
+    any_host = any_host || !hbm;
+  }
+  return any_host;
+}
+
 }  // namespace detail
 
 using detail::dma_chunk_params;
@@ -59,7 +69,9 @@ void AdamW::Impl::ensure_dma() {
 
 // dma mode: per chunk, state goes host -> slot on `up`, the kernel updates the slot on `link`,
 // state goes slot -> host on `down`; slots rotate so the three stages overlap, and the two
-// copy directions run on separate copy engines at the same time.
+// copy directions run on separate copy engines at the same time. Arrays of the region that live
+// in HBM (a placement may keep m and v of a region on the host and its master in HBM, or the
+// reverse) are not copied: the kernel updates them in place, and only the host arrays cross.
 void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative) {
 #ifdef GHT_HAVE_CUDA
   const std::size_t gsize = grad_type_size(rs.desc.grad_type);
@@ -71,8 +83,14 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
     unsigned char* slot_base = dma_mem.as<unsigned char>() + slot * dma_slot_stride(dma_chunk, state_type);
     unsigned char* arr[3] = {slot_base, slot_base + bytes(0, dma_chunk),
                              slot_base + bytes(0, dma_chunk) + bytes(1, dma_chunk)};
+    bool crosses[3];
+    for (int i = 0; i < 3; ++i) {
+      crosses[i] = rs.st[i].tier != TierKind::hbm;
+      if (!crosses[i]) arr[i] = static_cast<unsigned char*>(rs.st[i].device) + offset(i, off);
+    }
     GHT_CUDA_TRY(cudaStreamWaitEvent(up, dma_free[slot], 0));  // slot drained
     for (int i = 0; i < 3; ++i) {
+      if (!crosses[i]) continue;
       GHT_CUDA_TRY(cudaMemcpyAsync(arr[i], static_cast<const unsigned char*>(rs.st[i].host) + offset(i, off),
                                    bytes(i, count), cudaMemcpyHostToDevice, up));
     }
@@ -94,6 +112,7 @@ void AdamW::Impl::update_gpu_dma(RegionState& rs, const StepScalars& k, bool spe
     record(dma_updated[slot], link);
     GHT_CUDA_TRY(cudaStreamWaitEvent(down, dma_updated[slot], 0));
     for (int i = 0; i < 3; ++i) {
+      if (!crosses[i]) continue;
       GHT_CUDA_TRY(cudaMemcpyAsync(static_cast<unsigned char*>(rs.st[i].host) + offset(i, off), arr[i],
                                    bytes(i, count), cudaMemcpyDeviceToHost, down));
     }

@@ -51,6 +51,10 @@ inline constexpr TensorClass kStateClass[3] = {TensorClass::master, TensorClass:
 [[nodiscard]] std::size_t dma_chunk_params(std::size_t largest_region, StateType st);
 [[nodiscard]] std::size_t dma_slot_stride(std::size_t chunk, StateType st);
 [[nodiscard]] std::size_t dma_slots_bytes(std::size_t chunk, StateType st);
+/// Whether dma mode can update a region with these state arrays: at least one is on the host, and
+/// each is either a host array the copy engines read (a CPU address) or an HBM array the kernel
+/// updates in place.
+[[nodiscard]] bool dma_reachable(const StateBuffer (&st)[3]);
 
 #ifdef GHT_HAVE_CUDA
 /// A stream at the device's lowest priority, for the optimizer's work (adamw.cpp).

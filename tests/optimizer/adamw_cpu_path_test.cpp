@@ -262,6 +262,24 @@ TEST(CpuSpeculation, TheHostArenaLimitsItAndCancelRestoresEveryByte) {
 
 // ---- the split: what needs no GPU ----------------------------------------------------------------
 
+TEST(AdamWDma, TakesRegionsWithAnyHostArrayThatEachSideCanReach) {
+  int host_word = 0, hbm_word = 0;
+  const StateBuffer host{&host_word, &host_word, TierKind::host};
+  const StateBuffer hbm{nullptr, &hbm_word, TierKind::hbm};
+  const StateBuffer unreachable_hbm{nullptr, nullptr, TierKind::hbm};
+  const StateBuffer no_cpu_address{nullptr, &host_word, TierKind::host};
+  auto reachable = [](StateBuffer a, StateBuffer b, StateBuffer c) {
+    const StateBuffer st[3] = {a, b, c};
+    return detail::dma_reachable(st);
+  };
+  EXPECT_TRUE(reachable(host, host, host));
+  EXPECT_TRUE(reachable(hbm, host, host));   // master in HBM, m and v copied
+  EXPECT_TRUE(reachable(host, hbm, hbm));    // master copied, m and v in HBM
+  EXPECT_FALSE(reachable(hbm, hbm, hbm));    // nothing crosses: the device path
+  EXPECT_FALSE(reachable(hbm, host, no_cpu_address));
+  EXPECT_FALSE(reachable(unreachable_hbm, host, host));
+}
+
 TEST(AdamWSplit, ChoiceAndShareAreChecked) {
   EXPECT_EQ(parse_path_choice("SPLIT"), PathChoice::split);
   EXPECT_EQ(to_string(PathChoice::split), "split");

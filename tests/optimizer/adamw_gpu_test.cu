@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu.hpp"
@@ -87,6 +89,20 @@ TEST_P(OptimizerGpuReference, GpuLinkDmaMode) {
   // 960-parameter chunks: the three HBM slots rotate many times per region and across regions.
   test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma),
                            test::host_state(), Path::gpu_link);
+}
+
+TEST_P(OptimizerGpuReference, GpuLinkDmaModeWithPartOfTheStateInHbm) {
+  GHT_REQUIRE_GPU();
+  Case c;
+  c.grad_type = GetParam().grad_type;
+  c.clip = GetParam().clip;
+  DeviceMem dev;
+  // Only the host arrays cross the link; the HBM ones are updated in place, chunk by chunk.
+  for (const auto& [master, moments] : {std::pair{TierKind::hbm, TierKind::host}, std::pair{TierKind::host, TierKind::hbm}}) {
+    SCOPED_TRACE("master on " + std::string(to_string(master)) + ", m and v on " + std::string(to_string(moments)));
+    test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma),
+                             test::split_state(master, moments), Path::gpu_link);
+  }
 }
 
 TEST_P(OptimizerGpuReference, GpuLinkWithPinnedHostGradients) {

@@ -33,6 +33,17 @@ inline std::shared_ptr<alloc::tiered_allocator> state_on(TierKind t) {
 }
 inline std::shared_ptr<alloc::tiered_allocator> host_state() { return state_on(TierKind::host); }
 inline std::shared_ptr<alloc::tiered_allocator> hbm_state() { return state_on(TierKind::hbm); }
+/// The master on one tier and m and v on another: a region with part of its state on the host
+/// (a plan that moves a group's moments to the host and keeps its master in HBM, or the reverse).
+inline std::shared_ptr<alloc::tiered_allocator> split_state(TierKind master, TierKind moments) {
+  std::shared_ptr<alloc::tiered_allocator> a = alloc::make_default_tiered_allocator();
+  a->set_placement([master, moments](std::string_view, TensorClass cls) -> std::optional<TierKind> {
+    if (cls == TensorClass::master) return master;
+    if (cls == TensorClass::adam_m || cls == TensorClass::adam_v) return moments;
+    return std::nullopt;
+  });
+  return a;
+}
 
 // ---- fp64 reference ------------------------------------------------------------------------
 
@@ -233,7 +244,12 @@ inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
                                                              : 0.0;
   }
   auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
-  for (std::size_t r = 0; r < c.sizes.size(); ++r) ASSERT_EQ(opt->path(r), expected_path);
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    ASSERT_EQ(opt->path(r), expected_path);
+    if (expected_path == Path::gpu_link && opts.link_mode) {
+      ASSERT_EQ(opt->link_mode(r), *opts.link_mode);
+    }
+  }
   std::vector<std::vector<float>> before(c.sizes.size());  // master before the last step
   for (int s = 1; s <= c.steps; ++s) {
     if (s == c.steps) {
@@ -341,7 +357,12 @@ inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
   std::vector<std::vector<unsigned char>> g_raw;
   c.hyper.max_grad_norm = 1.0;
   auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
-  for (std::size_t r = 0; r < c.sizes.size(); ++r) ASSERT_EQ(opt->path(r), expected_path);
+  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
+    ASSERT_EQ(opt->path(r), expected_path);
+    if (expected_path == Path::gpu_link && opts.link_mode) {
+      ASSERT_EQ(opt->link_mode(r), *opts.link_mode);
+    }
+  }
   auto upload = [&] {
     for (std::size_t r = 0; r < c.sizes.size(); ++r) {
       gmem.upload(buf.grads[r], g_raw[r].data(), g_raw[r].size());

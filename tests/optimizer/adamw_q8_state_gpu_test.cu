@@ -95,11 +95,14 @@ TEST(Q8StateGpu, EveryGpuPathEqualsTheCpuPathByteForByte) {
       const char* name;
       PathChoice path;
       LinkMode mode;
-      bool hbm;
+      TierKind master, moments;
     };
-    for (const GpuCase& c : {GpuCase{"device", PathChoice::device, LinkMode::zero_copy, true},
-                             GpuCase{"gpu_link zero_copy", PathChoice::gpu_link, LinkMode::zero_copy, false},
-                             GpuCase{"gpu_link dma", PathChoice::gpu_link, LinkMode::dma, false}}) {
+    constexpr TierKind kHbm = TierKind::hbm, kHost = TierKind::host;
+    for (const GpuCase& c : {GpuCase{"device", PathChoice::device, LinkMode::zero_copy, kHbm, kHbm},
+                             GpuCase{"gpu_link zero_copy", PathChoice::gpu_link, LinkMode::zero_copy, kHost, kHost},
+                             GpuCase{"gpu_link dma", PathChoice::gpu_link, LinkMode::dma, kHost, kHost},
+                             GpuCase{"gpu_link dma, m and v on the host", PathChoice::gpu_link, LinkMode::dma, kHbm, kHost},
+                             GpuCase{"gpu_link dma, master on the host", PathChoice::gpu_link, LinkMode::dma, kHost, kHbm}}) {
       SCOPED_TRACE(std::string(c.name) + (scale > 1 ? " clipped" : " unclipped"));
       DeviceMem dev;
       // 1000-parameter chunks round down to 768 (whole 256-element blocks): most of each region
@@ -107,7 +110,7 @@ TEST(Q8StateGpu, EveryGpuPathEqualsTheCpuPathByteForByte) {
       AdamWOptions o = test::options(c.path, 1000, 0, c.mode);
       o.state_type = StateType::q8;
       const test::RunBytes got =
-          test::run_bf16_state(o, dev, dev, c.hbm ? test::hbm_state() : test::host_state(), sizes, 4, scale);
+          test::run_bf16_state(o, dev, dev, test::split_state(c.master, c.moments), sizes, 4, scale);
       EXPECT_TRUE(test::same_bytes(got, want));
     }
   }

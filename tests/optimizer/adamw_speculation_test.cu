@@ -33,13 +33,16 @@ struct SpecCase {
   LinkMode mode = LinkMode::zero_copy;
   GradType grad_type = GradType::bf16;
   StateType state = StateType::fp32;
+  TierKind master = TierKind::host;  // m and v are on the host
 };
 
 class SpeculationTwins : public ::testing::TestWithParam<SpecCase> {};
 
-// gpu_link regions, gradients and weights in HBM, state on the host: the HBM undo arena.
+// gpu_link regions, gradients and weights in HBM, m and v on the host (the master too, or in
+// HBM): the HBM undo arena.
 void run_twins(const SpecCase& sc, Outcome outcome) {
-  SCOPED_TRACE(std::string(to_string(sc.mode)) + " state " + to_string(sc.state));
+  SCOPED_TRACE(std::string(to_string(sc.mode)) + " state " + to_string(sc.state) + ", master on " +
+               std::string(to_string(sc.master)));
   Case c;
   c.grad_type = sc.grad_type;
   DeviceMem dev;
@@ -48,7 +51,7 @@ void run_twins(const SpecCase& sc, Outcome outcome) {
   AdamWOptions o_ref = o;
   o_ref.speculate_bytes = 0;
   o.speculate_bytes = std::size_t{64} << 20;
-  test::run_speculation_twins(c, dev, o_ref, o, [] { return test::host_state(); }, outcome);
+  test::run_speculation_twins(c, dev, o_ref, o, [&] { return test::split_state(sc.master, TierKind::host); }, outcome);
 }
 
 TEST_P(SpeculationTwins, BytesEqualThePlainStepWhateverBeginStepDecides) {
@@ -64,11 +67,14 @@ INSTANTIATE_TEST_SUITE_P(Modes, SpeculationTwins,
                                            SpecCase{LinkMode::zero_copy, GradType::bf16, StateType::bf16},
                                            SpecCase{LinkMode::dma, GradType::fp32, StateType::bf16},
                                            SpecCase{LinkMode::zero_copy, GradType::fp32, StateType::q8},
-                                           SpecCase{LinkMode::dma, GradType::bf16, StateType::q8}),
+                                           SpecCase{LinkMode::dma, GradType::bf16, StateType::q8},
+                                           SpecCase{LinkMode::dma, GradType::bf16, StateType::fp32, TierKind::hbm},
+                                           SpecCase{LinkMode::dma, GradType::bf16, StateType::q8, TierKind::hbm}),
                          [](const auto& info) {
                            return std::string(to_string(info.param.mode)) +
                                   (info.param.grad_type == GradType::bf16 ? "_bf16" : "_fp32") +
-                                  (info.param.state == StateType::fp32 ? "" : std::string("_") + to_string(info.param.state) + "_state");
+                                  (info.param.state == StateType::fp32 ? "" : std::string("_") + to_string(info.param.state) + "_state") +
+                                  (info.param.master == TierKind::hbm ? "_master_in_hbm" : "");
                          });
 
 TEST(SpeculationLimits, IneligibleRegionsAndAFullArenaFallBackToThePlainUpdate) {

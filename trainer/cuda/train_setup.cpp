@@ -261,23 +261,6 @@ void CudaRun::count_link_bytes(std::size_t (&by_path)[3]) {
   state_in_hbm_ = by_path[0] == 0 && by_path[1] == 0;
 }
 
-// In dma mode, the gpu_link parameters updated zero-copy instead: their regions keep part of
-// their state in HBM, and the copy pipeline moves whole regions (master, m and v). Measured on the
-// H100 with q8 state, zero-copy ran at 0.64-0.72 of the link's rate against dma's 0.95-1.01
-// (bench/results/2026-12-07-h100-offload-update-rates.md).
-std::string CudaRun::zero_copy_note() const {
-  if (optimizer::link_mode_from_config() != optimizer::LinkMode::dma) return "";
-  std::size_t params = 0;
-  for (std::size_t r = 0; r < opt_->num_regions(); ++r) {
-    if (opt_->path(r) == optimizer::Path::gpu_link && opt_->link_mode(r) == optimizer::LinkMode::zero_copy) {
-      params += opt_->region(r).n;
-    }
-  }
-  if (params == 0) return "";
-  return "; " + std::to_string(params) + " of the gpu_link params update zero-copy (part of their state in HBM; "
-         "the dma copies move regions whose master, m and v are all on the host)";
-}
-
 bool CudaRun::speculation_possible() const {
   return (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ && !delay_;
 }
@@ -316,8 +299,7 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h" +
-      (by_path[0] > 0 ? "; gpu_link kernels on " + std::to_string(opt_->link_kernel_sms()) + " SMs" : std::string()) +
-      zero_copy_note());
+      (by_path[0] > 0 ? "; gpu_link kernels on " + std::to_string(opt_->link_kernel_sms()) + " SMs" : std::string()));
   launch_thread_ = config::cfg().get_bool(config::Key::GHT_OPT_LAUNCH_THREAD);
   const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
   if (by_path[0] > 0 && reserve > 0) {
