@@ -52,7 +52,7 @@ CUstream_st* make_stream() {
 void AdamW::Impl::release() noexcept {
   worker.reset();  // finishes its job in progress; its streams are still here
 #ifdef GHT_HAVE_CUDA
-  for (CUstream_st* s : {link, down, up, norm, cpu_down, cpu_up}) {
+  for (CUstream_st* s : {link, hbm, down, up, norm, cpu_down, cpu_up}) {
     if (s != nullptr) (void)cudaStreamSynchronize(s);
   }
   for (RegionState& rs : regions) {
@@ -72,10 +72,10 @@ void AdamW::Impl::release() noexcept {
   dma_mem.reset();
   spec_arena.reset();
   sumsq.reset();  // its partials are freed on `norm`: before the stream goes
-  for (CUstream_st* s : {link, down, up, norm, cpu_down, cpu_up}) {
+  for (CUstream_st* s : {link, hbm, down, up, norm, cpu_down, cpu_up}) {
     if (s != nullptr) (void)cudaStreamDestroy(s);
   }
-  link = down = up = norm = cpu_down = cpu_up = nullptr;
+  link = hbm = down = up = norm = cpu_down = cpu_up = nullptr;
 #endif
   spec_host.reset();
   for (alloc::unique_block& s : staging) s.reset();
@@ -130,6 +130,7 @@ void AdamW::Impl::create_streams() {
   if (!gpu) return;
   GHT_CUDA_TRY(cudaGetDevice(&device));
   link = detail::make_stream();
+  hbm = detail::make_stream();
   down = detail::make_stream();
   up = detail::make_stream();
   norm = detail::make_stream();
@@ -358,7 +359,7 @@ CUevent_st* AdamW::region_event(std::size_t r) const {
 void AdamW::synchronize() const {
   if (impl_->worker) impl_->worker->drain();
 #ifdef GHT_HAVE_CUDA
-  for (CUstream_st* s : {impl_->link, impl_->down, impl_->up, impl_->norm, impl_->cpu_down, impl_->cpu_up}) {
+  for (CUstream_st* s : {impl_->link, impl_->hbm, impl_->down, impl_->up, impl_->norm, impl_->cpu_down, impl_->cpu_up}) {
     if (s != nullptr) GHT_CUDA_TRY(cudaStreamSynchronize(s));
   }
 #endif
@@ -420,6 +421,7 @@ StepResult AdamW::begin_step(double lr, CUstream_st* producer) {
     // and every overwrite of weights by this step.
     I.record(I.produced, producer);
     GHT_CUDA_TRY(cudaStreamWaitEvent(I.link, I.produced, 0));
+    GHT_CUDA_TRY(cudaStreamWaitEvent(I.hbm, I.produced, 0));
     GHT_CUDA_TRY(cudaStreamWaitEvent(I.down, I.produced, 0));
     // The cpu worker's jobs of this step wait for the same point, on its own streams.
     I.step_ready = I.new_shared_event();
@@ -512,7 +514,7 @@ void AdamW::update_region(std::size_t r) {
     return;
   }
   if (I.skip) {
-    for (CUevent_st* e : rs.events) I.record(e, I.link);
+    for (CUevent_st* e : rs.events) I.record(e, I.stream_of(rs));
     return;
   }
   const StepScalars& k = rs.desc.weight_decay ? I.k_decay : I.k_plain;
@@ -532,10 +534,13 @@ void AdamW::update_all(const std::function<void(std::size_t)>& launched) {
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
     if (I.regions[r].path == Path::cpu && !I.regions[r].updated) update(r);
   }
+  I.split_sms_for_update();
   I.update_gpu_batched(*this, launched);
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
     if (!I.regions[r].updated) update(r);
   }
+  I.link_sms_now = I.link_sms;  // the next step's speculative updates run beside the backward alone
+  I.hbm_sms_now = 0;
 }
 
 StepResult AdamW::step(double lr, CUstream_st* producer) {

@@ -65,6 +65,14 @@ int link_kernel_sms(double link_bps, double hbm_bps, int sms, const LinkKernelLo
   return static_cast<int>(std::clamp(std::ceil(need), 1.0, static_cast<double>(sms)));
 }
 
+int split_update_sms(int sms, double link_params, double hbm_params, int link_alone) {
+  GHT_EXPECTS(link_params >= 0 && hbm_params >= 0, "split_update_sms: parameter counts must be >= 0");
+  if (sms < 2 || !(link_params > 0) || !(hbm_params > 0)) return 0;
+  const double share = std::round(sms * link_params / (link_params + hbm_params));
+  const int most = std::clamp(link_alone, 1, sms - 1);
+  return static_cast<int>(std::clamp(share, 1.0, static_cast<double>(most)));
+}
+
 std::uint64_t round_key(std::string_view region_name) noexcept {
   std::uint64_t h = 0xCBF29CE484222325ull;
   for (const char c : region_name) {

@@ -1,6 +1,6 @@
-// AdamW's in-place GPU updates: regions whose state the kernel reads where it lives (device: HBM;
-// gpu_link zero-copy: mapped or coherent host memory), one region at a time or batched over
-// regions in update_all.
+// AdamW's in-place GPU updates: regions whose state the kernel reads where it lives (device: HBM,
+// on the `hbm` stream; gpu_link zero-copy: mapped or coherent host memory, on `link`), one region
+// at a time or batched over regions in update_all.
 #include <functional>
 #include <vector>
 
@@ -16,8 +16,8 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
     const std::size_t off = c * rs.chunk;
     const AdamWSpan s = span(rs, off, count_of(rs, c), true);
     if (speculative) save_for_undo(rs, c, s.master, s.m, s.v);
-    adamw_gpu(s, k, link, kernel_sms(rs));
-    record(rs.events[c], link);
+    adamw_gpu(s, k, stream_of(rs), kernel_sms(rs));
+    record(rs.events[c], stream_of(rs));
   }
 #else
   (void)rs;
@@ -30,13 +30,21 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
 void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched) {
 #ifdef GHT_HAVE_CUDA
   if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
-  AdamWBatch batch(link, batch_spans);
-  std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
+  // One batch per stream: device regions on `hbm`, gpu_link zero-copy regions on `link`.
+  struct Queue {
+    CUstream_st* stream;
+    AdamWBatch batch;
+    std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
+  };
+  Queue queues[2] = {{hbm, AdamWBatch(hbm, batch_spans), {}}, {link, AdamWBatch(link, batch_spans), {}}};
   std::vector<std::size_t> pending_regions;  // regions whose last chunk is among them
+  auto flush = [&](Queue& q) {
+    q.batch.flush();
+    for (CUevent_st* e : q.pending) record(e, q.stream);
+    q.pending.clear();
+  };
   auto launch = [&] {
-    batch.flush();
-    for (CUevent_st* e : pending) record(e, link);
-    pending.clear();
+    for (Queue& q : queues) flush(q);
     if (launched) {
       for (std::size_t r : pending_regions) launched(r);
     }
@@ -54,13 +62,14 @@ void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::
     rs.updated = true;
     const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
     const int sms = kernel_sms(rs);
+    Queue& q = queues[rs.path == Path::device ? 0 : 1];
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
-      if (!batch.fits(s, k, sms)) launch();  // a flush here leaves r's later chunks unlaunched
-      batch.add(s, k, sms);
-      pending.push_back(rs.events[c]);
+      if (!q.batch.fits(s, k, sms)) flush(q);  // r's earlier chunks launch; r is reported later
+      q.batch.add(s, k, sms);
+      q.pending.push_back(rs.events[c]);
     }
-    pending_regions.push_back(r);  // reported by the flush that records its last chunk's event
+    pending_regions.push_back(r);  // reported by the launch that records its last chunk's event
   }
   launch();
 #else

@@ -291,6 +291,18 @@ struct LinkKernelLoad {
  */
 [[nodiscard]] int link_kernel_sms(double link_bps, double hbm_bps, int sms, const LinkKernelLoad& load);
 
+/**
+ * @brief SMs of the gpu_link kernels while the device path's kernels run beside them (on their own
+ * stream), for one step's update: `link_params` gpu_link and `hbm_params` device parameters left
+ * to update, `link_alone` the gpu_link kernels' own width (link_kernel_sms). Both kernels update a
+ * parameter from HBM at the same rate (a dma slot or the state itself), so each gets its share of
+ * the parameters: round(sms · link / (link + hbm)), at least 1, at most link_alone and
+ * sms − 1; the device kernels take the rest. Where the link is slower than the kernels, that share
+ * still keeps pace with it (it finishes its parameters in the kernels' total time). 0 (no split)
+ * where either path has nothing left or the GPU has one SM.
+ */
+[[nodiscard]] int split_update_sms(int sms, double link_params, double hbm_params, int link_alone);
+
 #ifdef GHT_HAVE_CUDA
 /**
  * @brief AdamW on the GPU (the gpu_link and device paths). Pointers must be GPU-dereferenceable:

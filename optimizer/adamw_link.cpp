@@ -157,6 +157,7 @@ void AdamW::Impl::size_kernels() {
     bool any_link = false;
     for (const Impl::RegionState& rs : regions) any_link = any_link || rs.path == Path::gpu_link;
     link_sms = sms;
+    device_sms = sms;
     batch_spans = opts.batch_spans > 0 ? opts.batch_spans : static_cast<int>(reg.get_int(config::Key::GHT_OPT_BATCH));
     if (asked > 0) {
       link_sms = std::min(asked, sms);
@@ -169,7 +170,25 @@ void AdamW::Impl::size_kernels() {
       link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, link_kernel_load());
     }
   }
+  link_sms_now = link_sms;
+  hbm_sms_now = 0;
 #endif
+}
+
+void AdamW::Impl::split_sms_for_update() {
+  link_sms_now = link_sms;
+  hbm_sms_now = 0;
+  if (!gpu || skip) return;
+  double link_params = 0, hbm_params = 0;
+  for (const RegionState& rs : regions) {
+    if (rs.updated || rs.done_ahead) continue;
+    if (rs.path == Path::gpu_link) link_params += static_cast<double>(rs.desc.n);
+    if (rs.path == Path::device) hbm_params += static_cast<double>(rs.desc.n);
+  }
+  const int l = optimizer::split_update_sms(device_sms, link_params, hbm_params, link_sms);
+  if (l == 0) return;
+  link_sms_now = l;
+  hbm_sms_now = device_sms - l;
 }
 
 }  // namespace ght::optimizer

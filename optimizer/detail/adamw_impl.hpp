@@ -154,11 +154,19 @@ struct AdamW::Impl {
   std::size_t staging_bytes = 0;
   std::optional<double> split_share;  // PathChoice::split: the resolved CPU share
   int link_sms = 0;                   // SMs the gpu_link kernel may occupy
+  int device_sms = 0;                 // the GPU's SMs
+  // This step's SMs of the gpu_link and device kernels (0: every SM): split by update_all while
+  // both paths have regions left to update, so that their kernels run side by side.
+  int link_sms_now = 0;
+  int hbm_sms_now = 0;
   int batch_spans = 1;                // chunks per AdamWBatch launch in update_all (GHT_OPT_BATCH)
 
   LinkMode link_mode = LinkMode::zero_copy;
   // Every stream at the device's lowest priority (make_stream).
-  CUstream_st* link = nullptr;      // GPU updates
+  CUstream_st* link = nullptr;      // GPU updates of gpu_link regions (state on the host)
+  // GPU updates of device regions (state in HBM): beside `link`, so that they run while the dma
+  // pipeline waits on the copy engines.
+  CUstream_st* hbm = nullptr;
   CUstream_st* down = nullptr;      // dma state write-back
   CUstream_st* up = nullptr;        // dma state reads
   // Gradient norm. Not `link`: there it would queue behind speculative updates (and a previous
@@ -258,7 +266,12 @@ struct AdamW::Impl {
   RegionState& at(std::size_t r);
 
   // ---- GPU paths (adamw_device.cpp, adamw_link.cpp) ----
-  int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms : 0; }
+  int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms_now : hbm_sms_now; }
+  /// The stream of a region's GPU updates: `hbm` for the device path, `link` for gpu_link.
+  CUstream_st* stream_of(const RegionState& rs) const { return rs.path == Path::device ? hbm : link; }
+  /// Splits the SMs between the gpu_link and device kernels of the regions update_all has left
+  /// (link_sms_now, hbm_sms_now), or gives each its whole width where one path has none left.
+  void split_sms_for_update();
   void update_gpu(RegionState& rs, const StepScalars& k, bool speculative = false);
   void update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative = false);
   /// update_all's GPU part: regions updated in place (device, gpu_link zero-copy) in region

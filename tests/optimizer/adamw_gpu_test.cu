@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -67,13 +68,20 @@ struct GpuCase {
   Case::Clip clip;
 };
 
-class OptimizerGpuReference : public ::testing::TestWithParam<GpuCase> {};
+class OptimizerGpuReference : public ::testing::TestWithParam<GpuCase> {
+ protected:
+  // The reference case with this instance's gradient type and clipping.
+  static Case param_case() {
+    Case c;
+    c.grad_type = GetParam().grad_type;
+    c.clip = GetParam().clip;
+    return c;
+  }
+};
 
 TEST_P(OptimizerGpuReference, GpuLinkWithDeviceGradients) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   DeviceMem dev;
   // Small chunks: several launches and events per region, odd tails.
   test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000),
@@ -82,9 +90,7 @@ TEST_P(OptimizerGpuReference, GpuLinkWithDeviceGradients) {
 
 TEST_P(OptimizerGpuReference, GpuLinkDmaMode) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   DeviceMem dev;
   // 960-parameter chunks: the three HBM slots rotate many times per region and across regions.
   test::run_reference_case(c, dev, dev, options(PathChoice::gpu_link, 1000, 0, LinkMode::dma),
@@ -93,9 +99,7 @@ TEST_P(OptimizerGpuReference, GpuLinkDmaMode) {
 
 TEST_P(OptimizerGpuReference, GpuLinkDmaModeWithPartOfTheStateInHbm) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   DeviceMem dev;
   // Only the host arrays cross the link; the HBM ones are updated in place, chunk by chunk.
   for (const auto& [master, moments] : {std::pair{TierKind::hbm, TierKind::host}, std::pair{TierKind::host, TierKind::hbm}}) {
@@ -105,11 +109,27 @@ TEST_P(OptimizerGpuReference, GpuLinkDmaModeWithPartOfTheStateInHbm) {
   }
 }
 
+TEST_P(OptimizerGpuReference, DeviceAndGpuLinkRegionsSideBySide) {
+  GHT_REQUIRE_GPU();
+  Case c = param_case();
+  DeviceMem dev;
+  // region1's state in HBM (the device path, on its own stream and its share of the SMs), the
+  // others' on the host (gpu_link).
+  for (const LinkMode mode : {LinkMode::dma, LinkMode::zero_copy}) {
+    SCOPED_TRACE(std::string(to_string(mode)));
+    std::shared_ptr<alloc::tiered_allocator> state = alloc::make_default_tiered_allocator();
+    state->set_placement([](std::string_view name, TensorClass cls) -> std::optional<TierKind> {
+      if (cls != TensorClass::master && cls != TensorClass::adam_m && cls != TensorClass::adam_v) return std::nullopt;
+      return name == "region1" ? TierKind::hbm : TierKind::host;
+    });
+    test::run_reference_case(c, dev, dev, options(PathChoice::automatic, 1000, 0, mode), state,
+                             {Path::gpu_link, Path::device, Path::gpu_link});
+  }
+}
+
 TEST_P(OptimizerGpuReference, GpuLinkWithPinnedHostGradients) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   PinnedMem pinned;
   DeviceMem dev;
   test::run_reference_case(c, pinned, dev, options(PathChoice::automatic),
@@ -118,18 +138,14 @@ TEST_P(OptimizerGpuReference, GpuLinkWithPinnedHostGradients) {
 
 TEST_P(OptimizerGpuReference, DevicePath) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   DeviceMem dev;
   test::run_reference_case(c, dev, dev, options(PathChoice::device), nullptr, Path::device);
 }
 
 TEST_P(OptimizerGpuReference, AutoPicksDeviceForHbmState) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   c.steps = 3;
   DeviceMem dev;
   test::run_reference_case(c, dev, dev, options(PathChoice::automatic),
@@ -138,9 +154,7 @@ TEST_P(OptimizerGpuReference, AutoPicksDeviceForHbmState) {
 
 TEST_P(OptimizerGpuReference, CpuPathWithDeviceGradientsAndWeights) {
   GHT_REQUIRE_GPU();
-  Case c;
-  c.grad_type = GetParam().grad_type;
-  c.clip = GetParam().clip;
+  Case c = param_case();
   DeviceMem dev;
   // 4 KiB staging slots: many double-buffered chunks down (grads) and up (weights).
   test::run_reference_case(c, dev, dev, options(PathChoice::cpu, 0, 4096),

@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "alloc/tiered.hpp"
@@ -226,9 +227,10 @@ inline double expected_norm(const std::vector<std::vector<double>>& g) {
   return std::sqrt(ss);
 }
 
-/// 10 steps (Case::steps) on the optimizer's path against the fp64 reference.
+/// 10 steps (Case::steps) against the fp64 reference, region r on path expected_paths[r] (the
+/// optimizer's own choice, from where its state landed).
 inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
-                               std::shared_ptr<alloc::tiered_allocator> alloc, Path expected_path) {
+                               std::shared_ptr<alloc::tiered_allocator> alloc, const std::vector<Path>& expected_paths) {
   std::mt19937 rng(c.seed);
   Buffers buf;
   std::vector<RefRegion> ref;
@@ -244,9 +246,10 @@ inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
                                                              : 0.0;
   }
   auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
+  ASSERT_EQ(expected_paths.size(), c.sizes.size());
   for (std::size_t r = 0; r < c.sizes.size(); ++r) {
-    ASSERT_EQ(opt->path(r), expected_path);
-    if (expected_path == Path::gpu_link && opts.link_mode) {
+    ASSERT_EQ(opt->path(r), expected_paths[r]);
+    if (expected_paths[r] == Path::gpu_link && opts.link_mode) {
       ASSERT_EQ(opt->link_mode(r), *opts.link_mode);
     }
   }
@@ -284,7 +287,7 @@ inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
     std::vector<float> p(n), m(n), v(n);
     opt->save_state(r, p.data(), m.data(), v.data());
     const double gs = c.grad_scale[r];
-    const std::string tag = "region " + std::to_string(r) + " (" + std::string(to_string(expected_path)) + ")";
+    const std::string tag = "region " + std::to_string(r) + " (" + std::string(to_string(expected_paths[r])) + ")";
     EXPECT_TRUE(all_close(tag + " master", p, ref[r].p, 2e-6, 2e-6));
     EXPECT_TRUE(all_close(tag + " m", m, ref[r].m, 1e-5, 1e-6 * gs));
     EXPECT_TRUE(all_close(tag + " v", v, ref[r].v, 1e-5, 1e-10 * gs * gs));
@@ -310,6 +313,13 @@ inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
       EXPECT_GT(moved, n / 4) << tag << ": the extrapolation hardly moves the weights (a weak test)";
     }
   }
+}
+
+/// The same, every region on expected_path.
+inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
+                               std::shared_ptr<alloc::tiered_allocator> alloc, Path expected_path) {
+  const std::vector<Path> paths(c.sizes.size(), expected_path);
+  run_reference_case(std::move(c), gmem, wmem, std::move(opts), std::move(alloc), paths);
 }
 
 /// Snapshot of every byte the optimizer owns or writes.

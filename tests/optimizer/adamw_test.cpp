@@ -220,6 +220,20 @@ TEST(AdamWKernels, LinkKernelSmsCountParametersAndTheKernelsOwnRate) {
   EXPECT_EQ(link_kernel_sms(99.8e9, 4.43e12, 132, LinkKernelLoad{12, 0, 1e15}), 15);
 }
 
+// The update's kernels side by side: 1.97B gpu_link and 5.45B device parameters left (m and v of
+// the 20 coldest experts of each of 10 seed-21b layers on the host) share 132 SMs by parameters,
+// 35 and 97; the gpu_link share never exceeds the kernels' own width, and each path keeps one SM.
+TEST(AdamWKernels, SplitUpdateSmsSharesByParametersWithinTheLinkKernelsWidth) {
+  EXPECT_EQ(split_update_sms(132, 1.97e9, 5.45e9, 132), 35);
+  EXPECT_EQ(split_update_sms(132, 1.97e9, 5.45e9, 15), 15);  // fp32 state: 15 keep pace with the link
+  EXPECT_EQ(split_update_sms(132, 1e3, 1e12, 132), 1);
+  EXPECT_EQ(split_update_sms(132, 1e12, 1e3, 132), 131);
+  EXPECT_EQ(split_update_sms(132, 0, 5e9, 132), 0);  // one path alone: no split
+  EXPECT_EQ(split_update_sms(132, 5e9, 0, 132), 0);
+  EXPECT_EQ(split_update_sms(1, 5e9, 5e9, 1), 0);
+  EXPECT_THROW((void)split_update_sms(132, -1, 5e9, 132), ght::logic_error);
+}
+
 TEST(AdamWOptions, PathChoiceParsing) {
   EXPECT_EQ(parse_path_choice("auto"), PathChoice::automatic);
   EXPECT_EQ(parse_path_choice("GPU_LINK"), PathChoice::gpu_link);
