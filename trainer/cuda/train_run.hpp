@@ -214,6 +214,7 @@ class CudaRun final : public TrainBackend {
   [[nodiscard]] CudaGraphChoice make_model(std::int64_t lm_head_rows, CudaGraphsMode& graphs_mode);
   void make_optimizer();
   void count_link_bytes(std::size_t (&by_path)[3]);
+  [[nodiscard]] std::string side_by_side_note(int sms, const std::size_t (&by_path)[3]) const;
   /// An undo arena exists and the gradients are final in HBM at the last backward (not streamed,
   /// no delay): a step speculates when this holds and the step before did not clip.
   [[nodiscard]] bool speculation_possible() const;

@@ -1,5 +1,6 @@
 // The CUDA run's setup: the device, the plan and its allocator, the model, the optimizer and what
 // the run reports about them before its first step.
+#include "optimizer/adamw_kernels.hpp"
 #include "tier/regions_json.hpp"
 #include "trainer/cuda/train_run.hpp"
 #include "trainer/fp8_experts.hpp"
@@ -261,6 +262,17 @@ void CudaRun::count_link_bytes(std::size_t (&by_path)[3]) {
   state_in_hbm_ = by_path[0] == 0 && by_path[1] == 0;
 }
 
+// The update's device and gpu_link kernels run side by side on their own streams, each on its
+// share of the SMs (optimizer::split_update_sms), while both have regions left: the whole update
+// when nothing was speculated.
+std::string CudaRun::side_by_side_note(int sms, const std::size_t (&by_path)[3]) const {
+  const int link = optimizer::split_update_sms(sms, static_cast<double>(by_path[0]), static_cast<double>(by_path[2]),
+                                               opt_->link_kernel_sms());
+  if (link == 0) return "";
+  return " (" + std::to_string(link) + " beside the device path's " + std::to_string(sms - link) +
+         " while both have regions left to update)";
+}
+
 bool CudaRun::speculation_possible() const {
   return (opt_->speculate_capacity() > 0 || opt_->speculate_host_capacity() > 0) && !stream_grads_ && !delay_;
 }
@@ -299,7 +311,8 @@ void CudaRun::report_setup(const cudaDeviceProp& prop, const std::size_t (&by_pa
   say("optimizer paths: gpu_link " + std::to_string(by_path[0]) + ", cpu " + std::to_string(by_path[1]) +
       ", device " + std::to_string(by_path[2]) + " params; link per step " + fmt("%.2f", link_h2d_per_step_ / 1e9) +
       " GB h2d, " + fmt("%.2f", link_d2h_per_step_ / 1e9) + " GB d2h" +
-      (by_path[0] > 0 ? "; gpu_link kernels on " + std::to_string(opt_->link_kernel_sms()) + " SMs" : std::string()));
+      (by_path[0] > 0 ? "; gpu_link kernels on " + std::to_string(opt_->link_kernel_sms()) + " SMs" : std::string()) +
+      side_by_side_note(prop.multiProcessorCount, by_path));
   launch_thread_ = config::cfg().get_bool(config::Key::GHT_OPT_LAUNCH_THREAD);
   const auto reserve = config::cfg().get_int(config::Key::GHT_OPT_SM_RESERVE);
   if (by_path[0] > 0 && reserve > 0) {
