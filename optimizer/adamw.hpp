@@ -154,6 +154,9 @@ struct AdamWOptions {
   /// Chunks of in-place GPU regions (device, gpu_link zero-copy) that update_all launches
   /// together, in [1, kAdamWBatchSpans]; 0: GHT_OPT_BATCH. 1: one launch per chunk.
   int batch_spans = 0;
+  /// The device path's kernels on their own stream beside the gpu_link kernels, the SMs split
+  /// between them (split_update_sms); unset: GHT_OPT_SIDE_BY_SIDE.
+  std::optional<bool> side_by_side;
   /// Where cpu regions are updated. Unset: on the cpu worker when their gradients or weights are
   /// in HBM (there is GPU work to overlap), on the calling thread when both are in host memory
   /// (update_region then returns with the update done, as a host-only caller expects). true:

@@ -1,6 +1,6 @@
 // AdamW's in-place GPU updates: regions whose state the kernel reads where it lives (device: HBM,
-// on the `hbm` stream; gpu_link zero-copy: mapped or coherent host memory, on `link`), one region
-// at a time or batched over regions in update_all.
+// on the `hbm` stream with GHT_OPT_SIDE_BY_SIDE; gpu_link zero-copy: mapped or coherent host
+// memory, on `link`), one region at a time or batched over regions in update_all.
 #include <functional>
 #include <vector>
 
@@ -30,13 +30,15 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
 void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched) {
 #ifdef GHT_HAVE_CUDA
   if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
-  // One batch per stream: device regions on `hbm`, gpu_link zero-copy regions on `link`.
+  // One batch per path: device regions (on `hbm` side by side, else on `link`), gpu_link zero-copy
+  // regions on `link`.
   struct Queue {
     CUstream_st* stream;
     AdamWBatch batch;
     std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
   };
-  Queue queues[2] = {{hbm, AdamWBatch(hbm, batch_spans), {}}, {link, AdamWBatch(link, batch_spans), {}}};
+  CUstream_st* const device_stream = side_by_side ? hbm : link;
+  Queue queues[2] = {{device_stream, AdamWBatch(device_stream, batch_spans), {}}, {link, AdamWBatch(link, batch_spans), {}}};
   std::vector<std::size_t> pending_regions;  // regions whose last chunk is among them
   auto flush = [&](Queue& q) {
     q.batch.flush();

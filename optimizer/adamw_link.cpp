@@ -158,6 +158,7 @@ void AdamW::Impl::size_kernels() {
     for (const Impl::RegionState& rs : regions) any_link = any_link || rs.path == Path::gpu_link;
     link_sms = sms;
     device_sms = sms;
+    side_by_side = opts.side_by_side ? *opts.side_by_side : reg.get_bool(config::Key::GHT_OPT_SIDE_BY_SIDE);
     batch_spans = opts.batch_spans > 0 ? opts.batch_spans : static_cast<int>(reg.get_int(config::Key::GHT_OPT_BATCH));
     if (asked > 0) {
       link_sms = std::min(asked, sms);
@@ -178,7 +179,7 @@ void AdamW::Impl::size_kernels() {
 void AdamW::Impl::split_sms_for_update() {
   link_sms_now = link_sms;
   hbm_sms_now = 0;
-  if (!gpu || skip) return;
+  if (!gpu || skip || !side_by_side) return;
   double link_params = 0, hbm_params = 0;
   for (const RegionState& rs : regions) {
     if (rs.updated || rs.done_ahead) continue;

@@ -158,6 +158,7 @@ struct AdamW::Impl {
   // This step's SMs of the gpu_link and device kernels (0: every SM): split by update_all while
   // both paths have regions left to update, so that their kernels run side by side.
   int link_sms_now = 0;
+  bool side_by_side = false;  // AdamWOptions::side_by_side or GHT_OPT_SIDE_BY_SIDE
   int hbm_sms_now = 0;
   int batch_spans = 1;                // chunks per AdamWBatch launch in update_all (GHT_OPT_BATCH)
 
@@ -267,8 +268,10 @@ struct AdamW::Impl {
 
   // ---- GPU paths (adamw_device.cpp, adamw_link.cpp) ----
   int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms_now : hbm_sms_now; }
-  /// The stream of a region's GPU updates: `hbm` for the device path, `link` for gpu_link.
-  CUstream_st* stream_of(const RegionState& rs) const { return rs.path == Path::device ? hbm : link; }
+  /// The stream of a region's GPU updates: `hbm` for the device path side by side, else `link`.
+  CUstream_st* stream_of(const RegionState& rs) const {
+    return side_by_side && rs.path == Path::device ? hbm : link;
+  }
   /// Splits the SMs between the gpu_link and device kernels of the regions update_all has left
   /// (link_sms_now, hbm_sms_now), or gives each its whole width where one path has none left.
   void split_sms_for_update();

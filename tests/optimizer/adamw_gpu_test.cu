@@ -113,17 +113,19 @@ TEST_P(OptimizerGpuReference, DeviceAndGpuLinkRegionsSideBySide) {
   GHT_REQUIRE_GPU();
   Case c = param_case();
   DeviceMem dev;
-  // region1's state in HBM (the device path, on its own stream and its share of the SMs), the
-  // others' on the host (gpu_link).
-  for (const LinkMode mode : {LinkMode::dma, LinkMode::zero_copy}) {
-    SCOPED_TRACE(std::string(to_string(mode)));
+  // region1's state in HBM (the device path: on its own stream and its share of the SMs side by
+  // side, GHT_OPT_SIDE_BY_SIDE, or on the gpu_link kernels' stream), the others' on the host.
+  for (const auto& [mode, side_by_side] : {std::pair{LinkMode::dma, true}, std::pair{LinkMode::zero_copy, true},
+                                            std::pair{LinkMode::dma, false}}) {
+    SCOPED_TRACE(std::string(to_string(mode)) + (side_by_side ? ", side by side" : ", one stream"));
     std::shared_ptr<alloc::tiered_allocator> state = alloc::make_default_tiered_allocator();
     state->set_placement([](std::string_view name, TensorClass cls) -> std::optional<TierKind> {
       if (cls != TensorClass::master && cls != TensorClass::adam_m && cls != TensorClass::adam_v) return std::nullopt;
       return name == "region1" ? TierKind::hbm : TierKind::host;
     });
-    test::run_reference_case(c, dev, dev, options(PathChoice::automatic, 1000, 0, mode), state,
-                             {Path::gpu_link, Path::device, Path::gpu_link});
+    AdamWOptions o = options(PathChoice::automatic, 1000, 0, mode);
+    o.side_by_side = side_by_side;
+    test::run_reference_case(c, dev, dev, o, state, {Path::gpu_link, Path::device, Path::gpu_link});
   }
 }
 

@@ -266,6 +266,7 @@ void CudaRun::count_link_bytes(std::size_t (&by_path)[3]) {
 // share of the SMs (optimizer::split_update_sms), while both have regions left: the whole update
 // when nothing was speculated.
 std::string CudaRun::side_by_side_note(int sms, const std::size_t (&by_path)[3]) const {
+  if (!config::cfg().get_bool(config::Key::GHT_OPT_SIDE_BY_SIDE)) return "";
   const int link = optimizer::split_update_sms(sms, static_cast<double>(by_path[0]), static_cast<double>(by_path[2]),
                                                opt_->link_kernel_sms());
   if (link == 0) return "";
