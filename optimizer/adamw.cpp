@@ -539,8 +539,7 @@ void AdamW::update_all(const std::function<void(std::size_t)>& launched) {
   for (std::size_t r = 0; r < I.regions.size(); ++r) {
     if (!I.regions[r].updated) update(r);
   }
-  I.link_sms_now = I.link_sms;  // the next step's speculative updates run beside the backward alone
-  I.hbm_sms_now = 0;
+  I.split_link_sms = 0;  // the next step's speculative updates run beside the backward alone
 }
 
 StepResult AdamW::step(double lr, CUstream_st* producer) {

@@ -30,15 +30,14 @@ void AdamW::Impl::update_gpu(RegionState& rs, const StepScalars& k, bool specula
 void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::size_t)>& launched) {
 #ifdef GHT_HAVE_CUDA
   if (!gpu || skip || !step_open) return;  // update_region records the events of a skipped step
-  // One batch per path: device regions (on `hbm` side by side, else on `link`), gpu_link zero-copy
-  // regions on `link`.
+  // Side by side, one batch per stream: device regions on `hbm`, gpu_link zero-copy regions on
+  // `link`; otherwise one batch for both, on `link`.
   struct Queue {
     CUstream_st* stream;
     AdamWBatch batch;
     std::vector<CUevent_st*> pending;  // chunk events of the queued spans: recorded after their launch
   };
-  CUstream_st* const device_stream = side_by_side ? hbm : link;
-  Queue queues[2] = {{device_stream, AdamWBatch(device_stream, batch_spans), {}}, {link, AdamWBatch(link, batch_spans), {}}};
+  Queue queues[2] = {{link, AdamWBatch(link, batch_spans), {}}, {hbm, AdamWBatch(hbm, batch_spans), {}}};
   std::vector<std::size_t> pending_regions;  // regions whose last chunk is among them
   auto flush = [&](Queue& q) {
     q.batch.flush();
@@ -64,7 +63,7 @@ void AdamW::Impl::update_gpu_batched(AdamW& self, const std::function<void(std::
     rs.updated = true;
     const StepScalars& k = rs.desc.weight_decay ? k_decay : k_plain;
     const int sms = kernel_sms(rs);
-    Queue& q = queues[rs.path == Path::device ? 0 : 1];
+    Queue& q = queues[stream_of(rs) == hbm ? 1 : 0];
     for (std::size_t c = 0; c < rs.chunks; ++c) {
       const AdamWSpan s = span(rs, c * rs.chunk, count_of(rs, c), true);
       if (!q.batch.fits(s, k, sms)) flush(q);  // r's earlier chunks launch; r is reported later

@@ -171,14 +171,11 @@ void AdamW::Impl::size_kernels() {
       link_sms = optimizer::link_kernel_sms(state_link_bps, L.hbm_bps, sms, link_kernel_load());
     }
   }
-  link_sms_now = link_sms;
-  hbm_sms_now = 0;
 #endif
 }
 
 void AdamW::Impl::split_sms_for_update() {
-  link_sms_now = link_sms;
-  hbm_sms_now = 0;
+  split_link_sms = 0;
   if (!gpu || skip || !side_by_side) return;
   double link_params = 0, hbm_params = 0;
   for (const RegionState& rs : regions) {
@@ -186,10 +183,7 @@ void AdamW::Impl::split_sms_for_update() {
     if (rs.path == Path::gpu_link) link_params += static_cast<double>(rs.desc.n);
     if (rs.path == Path::device) hbm_params += static_cast<double>(rs.desc.n);
   }
-  const int l = optimizer::split_update_sms(device_sms, link_params, hbm_params, link_sms);
-  if (l == 0) return;
-  link_sms_now = l;
-  hbm_sms_now = device_sms - l;
+  split_link_sms = optimizer::split_update_sms(device_sms, link_params, hbm_params, link_sms);
 }
 
 }  // namespace ght::optimizer

@@ -155,11 +155,10 @@ struct AdamW::Impl {
   std::optional<double> split_share;  // PathChoice::split: the resolved CPU share
   int link_sms = 0;                   // SMs the gpu_link kernel may occupy
   int device_sms = 0;                 // the GPU's SMs
-  // This step's SMs of the gpu_link and device kernels (0: every SM): split by update_all while
-  // both paths have regions left to update, so that their kernels run side by side.
-  int link_sms_now = 0;
-  bool side_by_side = false;  // AdamWOptions::side_by_side or GHT_OPT_SIDE_BY_SIDE
-  int hbm_sms_now = 0;
+  bool side_by_side = false;          // AdamWOptions::side_by_side or GHT_OPT_SIDE_BY_SIDE
+  // The gpu_link kernels' SMs in this update while the device kernels take the rest, side by side
+  // (split_sms_for_update); 0 outside such an update: each path on its own width.
+  int split_link_sms = 0;
   int batch_spans = 1;                // chunks per AdamWBatch launch in update_all (GHT_OPT_BATCH)
 
   LinkMode link_mode = LinkMode::zero_copy;
@@ -267,13 +266,18 @@ struct AdamW::Impl {
   RegionState& at(std::size_t r);
 
   // ---- GPU paths (adamw_device.cpp, adamw_link.cpp) ----
-  int kernel_sms(const RegionState& rs) const { return rs.path == Path::gpu_link ? link_sms_now : hbm_sms_now; }
+  /// SMs of a region's kernels (0: every SM): link_sms for gpu_link and every SM for the device
+  /// path, or their shares while split_link_sms splits them.
+  int kernel_sms(const RegionState& rs) const {
+    if (rs.path == Path::gpu_link) return split_link_sms > 0 ? split_link_sms : link_sms;
+    return split_link_sms > 0 ? device_sms - split_link_sms : 0;
+  }
   /// The stream of a region's GPU updates: `hbm` for the device path side by side, else `link`.
   CUstream_st* stream_of(const RegionState& rs) const {
     return side_by_side && rs.path == Path::device ? hbm : link;
   }
   /// Splits the SMs between the gpu_link and device kernels of the regions update_all has left
-  /// (link_sms_now, hbm_sms_now), or gives each its whole width where one path has none left.
+  /// (split_link_sms), or leaves each its whole width where one path has none left.
   void split_sms_for_update();
   void update_gpu(RegionState& rs, const StepScalars& k, bool speculative = false);
   void update_gpu_dma(RegionState& rs, const StepScalars& k, bool speculative = false);

@@ -23,19 +23,8 @@
 
 namespace ght::optimizer::test {
 
-/// The machine's tiered allocator with master, m and v placed on `t` (as a plan would).
-inline std::shared_ptr<alloc::tiered_allocator> state_on(TierKind t) {
-  std::shared_ptr<alloc::tiered_allocator> a = alloc::make_default_tiered_allocator();
-  a->set_placement([t](std::string_view, TensorClass cls) -> std::optional<TierKind> {
-    if (cls == TensorClass::master || cls == TensorClass::adam_m || cls == TensorClass::adam_v) return t;
-    return std::nullopt;
-  });
-  return a;
-}
-inline std::shared_ptr<alloc::tiered_allocator> host_state() { return state_on(TierKind::host); }
-inline std::shared_ptr<alloc::tiered_allocator> hbm_state() { return state_on(TierKind::hbm); }
-/// The master on one tier and m and v on another: a region with part of its state on the host
-/// (a plan that moves a group's moments to the host and keeps its master in HBM, or the reverse).
+/// The machine's tiered allocator with the master on one tier and m and v on another (as a plan
+/// would; different tiers: a region with part of its state on the host).
 inline std::shared_ptr<alloc::tiered_allocator> split_state(TierKind master, TierKind moments) {
   std::shared_ptr<alloc::tiered_allocator> a = alloc::make_default_tiered_allocator();
   a->set_placement([master, moments](std::string_view, TensorClass cls) -> std::optional<TierKind> {
@@ -45,6 +34,10 @@ inline std::shared_ptr<alloc::tiered_allocator> split_state(TierKind master, Tie
   });
   return a;
 }
+/// Master, m and v all placed on `t`.
+inline std::shared_ptr<alloc::tiered_allocator> state_on(TierKind t) { return split_state(t, t); }
+inline std::shared_ptr<alloc::tiered_allocator> host_state() { return state_on(TierKind::host); }
+inline std::shared_ptr<alloc::tiered_allocator> hbm_state() { return state_on(TierKind::hbm); }
 
 // ---- fp64 reference ------------------------------------------------------------------------
 
@@ -219,6 +212,17 @@ inline std::unique_ptr<AdamW> make_optimizer(const Case& c, Mem& gmem, Mem& wmem
   return opt;
 }
 
+/// Each region on its expected path, and a gpu_link region in the link mode the options asked for.
+inline void expect_paths(const AdamW& opt, const AdamWOptions& opts, const std::vector<Path>& expected) {
+  ASSERT_EQ(expected.size(), opt.num_regions());
+  for (std::size_t r = 0; r < expected.size(); ++r) {
+    ASSERT_EQ(opt.path(r), expected[r]) << "region " << r;
+    if (expected[r] == Path::gpu_link && opts.link_mode) {
+      ASSERT_EQ(opt.link_mode(r), *opts.link_mode) << "region " << r;
+    }
+  }
+}
+
 inline double expected_norm(const std::vector<std::vector<double>>& g) {
   double ss = 0;
   for (const auto& v : g) {
@@ -246,13 +250,7 @@ inline void run_reference_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
                                                              : 0.0;
   }
   auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
-  ASSERT_EQ(expected_paths.size(), c.sizes.size());
-  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
-    ASSERT_EQ(opt->path(r), expected_paths[r]);
-    if (expected_paths[r] == Path::gpu_link && opts.link_mode) {
-      ASSERT_EQ(opt->link_mode(r), *opts.link_mode);
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_paths(*opt, opts, expected_paths));
   std::vector<std::vector<float>> before(c.sizes.size());  // master before the last step
   for (int s = 1; s <= c.steps; ++s) {
     if (s == c.steps) {
@@ -367,12 +365,7 @@ inline void run_nonfinite_case(Case c, Mem& gmem, Mem& wmem, AdamWOptions opts,
   std::vector<std::vector<unsigned char>> g_raw;
   c.hyper.max_grad_norm = 1.0;
   auto opt = make_optimizer(c, gmem, wmem, opts, alloc, buf, ref, rng);
-  for (std::size_t r = 0; r < c.sizes.size(); ++r) {
-    ASSERT_EQ(opt->path(r), expected_path);
-    if (expected_path == Path::gpu_link && opts.link_mode) {
-      ASSERT_EQ(opt->link_mode(r), *opts.link_mode);
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_paths(*opt, opts, std::vector<Path>(c.sizes.size(), expected_path)));
   auto upload = [&] {
     for (std::size_t r = 0; r < c.sizes.size(); ++r) {
       gmem.upload(buf.grads[r], g_raw[r].data(), g_raw[r].size());
